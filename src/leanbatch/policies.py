@@ -1,0 +1,218 @@
+"""Pruning policies: (scores, epoch, generator) -> the epoch's plan.
+
+A plan says which dataset indices are served this epoch and with which loss
+weight. Policies are small, pure and vectorised (no Python loop over samples).
+The order in which kept samples are served is not part of the plan: the sampler
+shuffles lazily with a keyed permutation (see :mod:`leanbatch.sampler`).
+
+Both policies drop each sample independently with a known probability ``q`` and
+give every kept sample the exact inverse of its inclusion probability,
+``1 / (1 - q)``, as loss weight, so the expected weighted loss over the plan's
+randomness equals the full-data loss. Drop decisions use 24-bit integers, so
+``q`` is exactly ``m / 2**24`` and the weight is its exact inverse.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from torch import Tensor
+
+__all__ = ["Plan", "Policy", "InfoBatchPolicy", "RandomPolicy", "full_plan", "pruning_epochs"]
+
+_BITS = 24
+_SCALE = 1 << _BITS
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One epoch's plan.
+
+    Attributes:
+        epoch: the epoch it was made for.
+        num_samples: dataset size N.
+        kept: sorted int32/int64 dataset indices served this epoch, or ``None`` for all N.
+        weights: float32 (N,) loss weight per dataset index, or ``None`` for all 1.
+        threshold: the pruning threshold (mean score) or ``None`` when not pruning.
+        pruning: whether this epoch prunes.
+
+    Example:
+        >>> p = full_plan(0, 10)
+        >>> p.num_kept, p.num_pruned, p.weights is None
+        (10, 0, True)
+    """
+
+    epoch: int
+    num_samples: int
+    kept: Tensor | None
+    weights: Tensor | None
+    threshold: float | None
+    pruning: bool
+
+    @property
+    def num_kept(self) -> int:
+        return self.num_samples if self.kept is None else int(self.kept.numel())
+
+    @property
+    def num_pruned(self) -> int:
+        return self.num_samples - self.num_kept
+
+
+class Policy(Protocol):
+    """What the sampler calls once per epoch."""
+
+    num_epochs: int
+
+    def __call__(self, scores: Tensor, epoch: int, generator: torch.Generator) -> Plan: ...
+
+
+def full_plan(epoch: int, num_samples: int) -> Plan:
+    """Every sample, weight exactly 1.
+
+    Example:
+        >>> full_plan(3, 5).kept is None
+        True
+    """
+    return Plan(epoch, num_samples, None, None, None, False)
+
+
+def pruning_epochs(num_epochs: int, delta: float) -> int:
+    """Number of leading epochs that prune: ``floor(delta * num_epochs)``.
+
+    Example:
+        >>> pruning_epochs(10, 0.875), pruning_epochs(8, 0.875)
+        (8, 7)
+    """
+    return math.floor(delta * num_epochs + 1e-9)
+
+
+def _check_common(prune_ratio: float, num_epochs: int, delta: float) -> None:
+    if isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 1:
+        raise ValueError(f"num_epochs must be an int >= 1, got {num_epochs!r}")
+    if not isinstance(prune_ratio, (int, float)) or not (0.0 <= prune_ratio < 1.0):
+        raise ValueError(
+            f"prune_ratio must be in [0, 1), got {prune_ratio!r}: it is the fraction of well-learned "
+            "samples dropped per epoch (0.5 is the paper's default)"
+        )
+    if not isinstance(delta, (int, float)) or not (0.0 < delta <= 1.0):
+        raise ValueError(
+            f"delta must be in (0, 1], got {delta!r}: epochs at or after delta * num_epochs train on "
+            "all data (0.875 is the paper's default)"
+        )
+
+
+def _drop_mask(candidates: Tensor, q: float, generator: torch.Generator) -> tuple[Tensor, float]:
+    """Drop each candidate with probability exactly ``m / 2**24`` (m = round(q * 2**24)).
+
+    Returns the drop mask and the weight ``1 / (1 - m / 2**24)`` for kept candidates.
+    """
+    m = min(max(round(q * _SCALE), 0), _SCALE - 1)
+    draws = torch.randint(0, _SCALE, candidates.shape, dtype=torch.int32, generator=generator)
+    drop = draws < m
+    del draws
+    drop &= candidates
+    return drop, _SCALE / (_SCALE - m)
+
+
+def _plan_from_drop(epoch: int, drop: Tensor, weights: Tensor, threshold: float | None) -> Plan:
+    n = drop.numel()
+    dtype = torch.int32 if n < 2**31 else torch.int64
+    kept = torch.arange(n, dtype=dtype)[drop.logical_not_()]
+    return Plan(epoch, n, kept, weights, threshold, True)
+
+
+def _mean_finite(scores: Tensor) -> tuple[float | None, Tensor]:
+    """Mean of the scored entries (scores hold finite losses or NaN for never scored)."""
+    scored = ~torch.isnan(scores)
+    count = int(scored.sum())
+    if count == 0:
+        return None, scored
+    return float(scores.nansum(dtype=torch.float64)) / count, scored
+
+
+@dataclass
+class InfoBatchPolicy:
+    """InfoBatch (Qin et al., ICLR 2024): prune well-learned samples at random.
+
+    Epoch ``e`` prunes iff ``e < floor(delta * num_epochs)``. The threshold is the
+    mean of the scored samples; of the samples strictly below it, each is dropped
+    with probability ``prune_ratio`` and, if kept, weighted by the exact inverse
+    of its inclusion probability. Samples at or above the mean, and samples never
+    scored, are always kept with weight 1. Later epochs keep all, weight exactly 1.
+
+    Example:
+        >>> import torch
+        >>> pol = InfoBatchPolicy(prune_ratio=0.5, num_epochs=4, delta=0.75)
+        >>> scores = torch.tensor([0.1, 0.2, 3.0, 4.0])
+        >>> plan = pol(scores, 0, torch.Generator().manual_seed(0))
+        >>> round(plan.threshold, 4), plan.weights.tolist()
+        (1.825, [2.0, 2.0, 1.0, 1.0])
+        >>> pol(scores, 3, torch.Generator()).pruning   # annealing epoch
+        False
+    """
+
+    prune_ratio: float = 0.5
+    num_epochs: int = 1
+    delta: float = 0.875
+
+    def __post_init__(self) -> None:
+        _check_common(self.prune_ratio, self.num_epochs, self.delta)
+
+    def __call__(self, scores: Tensor, epoch: int, generator: torch.Generator) -> Plan:
+        n = scores.numel()
+        if epoch >= pruning_epochs(self.num_epochs, self.delta) or self.prune_ratio == 0:
+            return full_plan(epoch, n)
+        scores = scores.detach().to("cpu", torch.float32)
+        threshold, _ = _mean_finite(scores)
+        if threshold is None:
+            return full_plan(epoch, n)
+        below = scores < threshold  # NaN (never scored) compares False: always kept
+        drop, w = _drop_mask(below, self.prune_ratio, generator)
+        weights = below.to(torch.float32).mul_(w - 1.0).add_(1.0)
+        del below
+        return _plan_from_drop(epoch, drop, weights, threshold)
+
+
+@dataclass
+class RandomPolicy:
+    """Dynamic random pruning: the honest baseline for InfoBatch.
+
+    Same expected amount of work as :class:`InfoBatchPolicy` with the same
+    ``prune_ratio`` (it drops as many samples in expectation as InfoBatch would:
+    ``prune_ratio`` times the number of scored samples below the mean), but chosen
+    uniformly among all scored samples, with the same exact inverse-probability
+    rescaling and the same annealing epochs.
+
+    Example:
+        >>> import torch
+        >>> pol = RandomPolicy(prune_ratio=0.5, num_epochs=4, delta=0.75)
+        >>> plan = pol(torch.tensor([0.1, 0.2, 3.0, 4.0]), 0, torch.Generator().manual_seed(0))
+        >>> round(plan.weights[0].item(), 4)   # q = 0.5 * 2/4: weight 1 / (1 - 0.25)
+        1.3333
+    """
+
+    prune_ratio: float = 0.5
+    num_epochs: int = 1
+    delta: float = 0.875
+
+    def __post_init__(self) -> None:
+        _check_common(self.prune_ratio, self.num_epochs, self.delta)
+
+    def __call__(self, scores: Tensor, epoch: int, generator: torch.Generator) -> Plan:
+        n = scores.numel()
+        if epoch >= pruning_epochs(self.num_epochs, self.delta) or self.prune_ratio == 0:
+            return full_plan(epoch, n)
+        scores = scores.detach().to("cpu", torch.float32)
+        threshold, scored = _mean_finite(scores)
+        if threshold is None:
+            return full_plan(epoch, n)
+        num_scored = int(scored.sum())
+        num_below = int((scores < threshold).sum())
+        q = self.prune_ratio * num_below / num_scored
+        drop, w = _drop_mask(scored, q, generator)
+        weights = scored.to(torch.float32).mul_(w - 1.0).add_(1.0)
+        del scored
+        return _plan_from_drop(epoch, drop, weights, threshold)

@@ -1,0 +1,254 @@
+"""The score table: one float32 score (the last observed loss) per dataset index.
+
+Every method in leanbatch reads and writes per-sample losses keyed by dataset
+index. This module keeps them. ``NaN`` marks "never scored"; non-finite losses
+are skipped and counted, never stored, so a score is either a real loss or NaN.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = ["ScoreTable", "check_per_sample_loss"]
+
+
+def check_per_sample_loss(loss: Any, name: str = "loss") -> Tensor:
+    """Validate that ``loss`` holds one loss per example and return it.
+
+    Raises a ``TypeError``/``ValueError`` naming ``name`` and the fix when it is not
+    a tensor, is a scalar (a reduced loss), or has more than one dimension.
+
+    Example:
+        >>> import torch
+        >>> check_per_sample_loss(torch.ones(3)).shape
+        torch.Size([3])
+    """
+    if not isinstance(loss, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of per-sample losses, got {type(loss).__name__}")
+    if loss.dim() == 0:
+        raise ValueError(
+            f"{name} is a scalar: pass per-sample losses, e.g. F.cross_entropy(logits, y, reduction='none')"
+        )
+    if loss.dim() != 1:
+        raise ValueError(
+            f"{name} must have shape (batch,), got {tuple(loss.shape)}: reduce the non-batch dimensions "
+            "first, e.g. loss.flatten(1).mean(1) (see leanbatch.per_sequence_loss for token losses)"
+        )
+    if not (loss.is_floating_point()):
+        raise TypeError(f"{name} must be a floating-point tensor, got {loss.dtype}")
+    return loss
+
+
+class ScoreTable:
+    """One float32 score per dataset index, on CPU or on the training device.
+
+    ``update(indices, losses)`` is a vectorised scatter. Non-finite losses are not
+    stored (the old score stays) and are counted in ``nonfinite_count``. With
+    ``ema=m`` a new loss is blended as ``m * old + (1 - m) * new`` (the first
+    observation is stored as is). The per-step path does no host-device
+    synchronisation: checks on tensor values run asynchronously on CUDA.
+
+    The table may start on CPU and follow the losses to their device on the first
+    update (``device=None``), so users need not say where training runs.
+
+    Example:
+        >>> import torch
+        >>> t = ScoreTable(4)
+        >>> t.update(torch.tensor([0, 2]), torch.tensor([1.5, float("nan")]))
+        >>> t.values.tolist()[:3], int(t.nonfinite_count)
+        ([1.5, nan, nan], 1)
+    """
+
+    def __init__(self, num_samples: int, device: torch.device | str | None = None, ema: float | None = None):
+        if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+            raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
+        if ema is not None and not (isinstance(ema, (int, float)) and 0.0 <= float(ema) < 1.0):
+            raise ValueError(f"ema must be None or a float in [0, 1), got {ema!r}")
+        self.num_samples = num_samples
+        self.ema = None if ema is None else float(ema)
+        self._follow_device = device is None
+        self.flush_every = 8192
+        self._pending_idx: list[Tensor] = []
+        self._pending_loss: list[Tensor] = []
+        self._pending_n = 0
+        dev = torch.device("cpu") if device is None else torch.device(device)
+        self._values = torch.full((num_samples,), float("nan"), dtype=torch.float32, device=dev)
+        self._nonfinite = torch.zeros((), dtype=torch.int64, device=dev)
+        self._touched: Tensor | None = None  # distributed: what this rank wrote since the last sync
+
+    # ------------------------------------------------------------------ device
+    @property
+    def device(self) -> torch.device:
+        return self._values.device
+
+    def to(self, device: torch.device | str) -> ScoreTable:
+        """Move the table to ``device`` (asynchronously where possible); returns self."""
+        device = torch.device(device)
+        self.flush()
+        if device != self._values.device:
+            self.values = self.values.to(device, non_blocking=True)
+            self._nonfinite = self._nonfinite.to(device, non_blocking=True)
+            if self._touched is not None:
+                self._touched = self._touched.to(device, non_blocking=True)
+        return self
+
+    def _index(self, indices: Tensor) -> Tensor:
+        if indices.device != self._values.device:
+            indices = indices.to(self._values.device, non_blocking=True)
+        if indices.dtype != torch.int64:
+            indices = indices.long()
+        return indices
+
+    # ------------------------------------------------------------------ core
+    def check_indices(self, indices: Tensor, name: str = "indices") -> None:
+        """Raise if any index is outside ``[0, num_samples)``; asynchronous on CUDA."""
+        if indices.numel() == 0:
+            return
+        msg = (
+            f"{name} out of range: every index must be in [0, {self.num_samples}) "
+            "(is the table built for this dataset?)"
+        )
+        if indices.device.type == "cpu":
+            lo, hi = torch.aminmax(indices)
+            if int(lo) < 0 or int(hi) >= self.num_samples:
+                raise IndexError(msg)
+        else:  # device-side assert: no host sync
+            torch._assert_async(((indices >= 0) & (indices < self.num_samples)).all(), msg)
+
+    def update(self, indices: Tensor, losses: Tensor) -> None:
+        """Store ``losses`` (any float dtype, detached) as the scores of ``indices``.
+
+        Shapes must match; non-finite losses are skipped and counted.
+        """
+        if not isinstance(indices, Tensor) or indices.dim() != 1 or indices.is_floating_point():
+            raise TypeError("indices must be a 1-D integer tensor of dataset indices")
+        losses = check_per_sample_loss(losses, "losses")
+        if losses.shape[0] != indices.shape[0]:
+            raise ValueError(
+                f"losses has {losses.shape[0]} entries but indices has {indices.shape[0]}: "
+                "pass one per-sample loss per index"
+            )
+        self.store(indices, losses)
+
+    def store(self, indices: Tensor, losses: Tensor, check: bool = True) -> Tensor:
+        """The per-step path behind :meth:`update`, for callers that validated shapes.
+
+        Queues a detached float32 copy of ``losses``; queued losses are written in
+        one vectorised scatter every few thousand samples and whenever the scores
+        are read (:attr:`values`, :meth:`get`, planning, ``state_dict``), so a
+        step costs a copy and a list append. Returns the indices as an int64
+        tensor on the table's device.
+        """
+        if self._follow_device and losses.device != self._values.device:
+            self.to(losses.device)
+        idx = self._index(indices)
+        if check:
+            self.check_indices(idx)
+        self._pending_idx.append(idx)
+        self._pending_loss.append(losses.detach().to(self._values.device, torch.float32, copy=True))
+        self._pending_n += idx.shape[0]
+        if self._pending_n >= self.flush_every or self.ema is not None:
+            self.flush()
+        return idx
+
+    def flush(self) -> None:
+        """Write the queued losses into the table (skipping and counting non-finite ones)."""
+        if not self._pending_idx:
+            return
+        if len(self._pending_idx) == 1:
+            idx, new = self._pending_idx[0], self._pending_loss[0]
+        else:
+            idx, new = torch.cat(self._pending_idx), torch.cat(self._pending_loss)
+        self._pending_idx, self._pending_loss, self._pending_n = [], [], 0
+        values = self._values
+        finite = torch.isfinite(new)
+        if self.ema is not None:  # flushed every step (see store), so no index repeats here
+            old = values[idx]
+            new = torch.where(torch.isnan(old), new, old * self.ema + new * (1.0 - self.ema))
+            values.index_put_((idx,), torch.where(finite, new, old))
+        elif values.device.type == "cpu":  # drop non-finite entries; a repeated index keeps its last loss
+            values.index_put_((idx[finite],), new[finite])
+        else:  # no boolean masks on accelerators (they sync): non-finite entries rewrite the old score
+            values.index_put_((idx,), torch.where(finite, new, values[idx]))
+        self._nonfinite += finite.numel() - finite.sum()
+        if self._touched is not None:
+            self._touched.index_fill_(0, idx, True)
+
+    @property
+    def values(self) -> Tensor:
+        """The scores, float32 (num_samples,), NaN where never scored (flushes queued losses)."""
+        self.flush()
+        return self._values
+
+    @values.setter
+    def values(self, v: Tensor) -> None:
+        self._values = v
+
+    def get(self, indices: Tensor) -> Tensor:
+        """Scores of ``indices`` (NaN where never scored)."""
+        idx = self._index(indices)
+        self.check_indices(idx)
+        return self.values[idx]
+
+    @property
+    def nonfinite_count(self) -> Tensor:
+        """Number of non-finite losses skipped so far (a 0-d tensor; reading it syncs on CUDA)."""
+        self.flush()
+        return self._nonfinite
+
+    def num_scored(self) -> int:
+        """How many indices hold a score (syncs; not for the per-step path)."""
+        return int((~torch.isnan(self.values)).sum())
+
+    # ------------------------------------------------------------------ distributed
+    def sync(self, group: Any = None) -> None:
+        """Merge what every rank of ``group`` wrote since the last sync (a collective).
+
+        Each rank contributes the scores it wrote; an index written by several ranks
+        gets their mean. No-op outside an initialised process group of size > 1.
+        """
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) < 2:
+            return
+        if self._touched is None:  # first sync: everything this rank scored counts
+            self._touched = ~torch.isnan(self.values)
+        touched = self._touched
+        total = torch.where(touched, self.values, torch.zeros_like(self.values))
+        count = touched.to(torch.float32)
+        backend = dist.get_backend(group)
+        dev = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+        total, count = total.to(dev), count.to(dev)
+        dist.all_reduce(total, group=group)
+        dist.all_reduce(count, group=group)
+        merged = torch.where(count > 0, total / count.clamp(min=1), self.values.to(dev))
+        self.values = merged.to(self.values.device)
+        self._touched = torch.zeros_like(touched)
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """Tensors and plain values only (loads with ``torch.load(weights_only=True)``)."""
+        return {
+            "num_samples": self.num_samples,
+            "ema": self.ema,
+            "values": self.values.detach().cpu().clone(),
+            "nonfinite": int(self.nonfinite_count),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a table saved by :meth:`state_dict`; the sizes must match."""
+        n = state.get("num_samples")
+        if n != self.num_samples:
+            raise ValueError(
+                f"state_dict is for {n} samples but this table has {self.num_samples}: "
+                "load a checkpoint made with the same dataset"
+            )
+        values = state["values"]
+        if not isinstance(values, Tensor) or values.shape != (self.num_samples,):
+            raise ValueError("state_dict['values'] must be a float tensor of shape (num_samples,)")
+        self._pending_idx, self._pending_loss, self._pending_n = [], [], 0
+        self._values = values.to(self._values.device, torch.float32).clone()
+        self._nonfinite = torch.tensor(int(state.get("nonfinite", 0)), device=self._values.device)

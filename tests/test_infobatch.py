@@ -1,0 +1,214 @@
+"""The InfoBatch wrapper: update() semantics, statistics, schedules and bad input."""
+
+import copy
+import pickle
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, IterableDataset, TensorDataset
+
+from leanbatch import InfoBatch, ProgressLR, cosine
+
+N = 200
+
+
+def index_data(n: int = N) -> TensorDataset:
+    """Item i is (i as float, i): a loss computed from it tells which sample it belongs to."""
+    return TensorDataset(torch.arange(n, dtype=torch.float32), torch.arange(n))
+
+
+def fake_loss(x: torch.Tensor) -> torch.Tensor:
+    return (x / N + 0.01).requires_grad_()
+
+
+def run_epoch(ds, loader):
+    for x, _ in loader:
+        ds.update(fake_loss(x))
+
+
+def test_scores_align_with_samples_and_weighted_mean():
+    ds = InfoBatch(index_data(), num_epochs=3, prune_ratio=0.5, delta=0.67, seed=1)
+    loader = DataLoader(ds, batch_size=32, sampler=ds.sampler)
+    ds.set_epoch(0)
+    run_epoch(ds, loader)
+    assert torch.allclose(ds.scores.values, torch.arange(N) / N + 0.01)
+    ds.set_epoch(1)
+    plan = ds.sampler.plan()
+    assert plan.pruning and plan.num_kept < N
+    for x, i in loader:
+        loss = fake_loss(x)
+        out = ds.update(loss)
+        expected = (loss * plan.weights[i]).mean()
+        assert torch.allclose(out, expected)
+        out.backward()
+        assert torch.allclose(loss.grad, plan.weights[i] / len(i))
+
+
+def test_update_accepts_half_precision_and_does_not_modify_input():
+    ds = InfoBatch(index_data(), 2, seed=0)
+    loader = DataLoader(ds, batch_size=50, sampler=ds.sampler)
+    for dtype in (torch.float16, torch.bfloat16):
+        ds.set_epoch(0)
+        for x, _ in loader:
+            loss = (x / N).to(dtype)
+            before = loss.clone()
+            out = ds.update(loss)
+            assert torch.equal(loss, before)
+            assert torch.isfinite(out)
+        assert ds.scores.values.dtype == torch.float32
+        assert torch.allclose(ds.scores.values, torch.arange(N) / N, atol=1e-2)
+
+
+def test_nonfinite_losses_are_counted_not_stored_and_still_returned():
+    ds = InfoBatch(index_data(10), 2, seed=0)
+    loader = DataLoader(ds, batch_size=5, sampler=ds.sampler)
+    ds.set_epoch(0)
+    batches = iter(loader)
+    x, i = next(batches)
+    ds.update(x / 10 + 1)
+    x, i2 = next(batches)
+    loss = torch.tensor([float("nan"), float("inf"), 1.0, 2.0, -float("inf")])
+    out = ds.update(loss)
+    assert torch.isnan(out)  # training code sees the NaN as usual
+    assert ds.nonfinite_count == 3
+    v = ds.scores.values
+    assert torch.isnan(v[i2[[0, 1, 4]]]).all()  # never scored stays never scored
+    assert v[i2[2]] == 1.0 and v[i2[3]] == 2.0
+    # a finite score is kept when a later loss is NaN
+    ds.update(torch.full((5,), float("nan")), i)
+    assert torch.allclose(ds.scores.values[i], i / 10 + 1)
+
+
+def test_explicit_indices_path_and_ema():
+    ds = InfoBatch(index_data(10), 3, ema=0.5)
+    idx = torch.tensor([3, 7])
+    ds.update(torch.tensor([1.0, 2.0]), idx)
+    ds.update(torch.tensor([3.0, 4.0]), idx)
+    assert ds.scores.values[idx].tolist() == [2.0, 3.0]
+    assert ds.weights(idx).tolist() == [1.0, 1.0]
+
+
+def test_statistics_and_pruned_count():
+    ds = InfoBatch(index_data(), num_epochs=4, prune_ratio=0.5, delta=0.5)
+    loader = DataLoader(ds, batch_size=16, sampler=ds.sampler)
+    seen = 0
+    for epoch in range(4):
+        ds.set_epoch(epoch)
+        assert len(loader) == -(-len(ds.sampler) // 16)
+        for x, _ in loader:
+            ds.update(fake_loss(x))
+            seen += len(x)
+    stats = ds.epoch_stats
+    assert [s["pruning"] for s in stats] == [False, True, False, False]  # epoch 0: nothing scored yet
+    assert stats[1]["threshold"] == pytest.approx(float((torch.arange(N) / N + 0.01).mean()), rel=1e-5)
+    assert ds.get_pruned_count() == stats[1]["pruned"] > 0
+    assert seen == 4 * N - ds.get_pruned_count()
+
+
+def test_progress_lr_ends_exactly_at_the_end_of_training():
+    ds = InfoBatch(index_data(), num_epochs=5, prune_ratio=0.7, delta=0.8)
+    loader = DataLoader(ds, batch_size=16, sampler=ds.sampler)
+    w = torch.zeros(1, requires_grad=True)
+    opt = torch.optim.SGD([w], lr=0.1)
+    sched = ProgressLR(opt, ds, cosine(warmup=0.1))
+    lrs = []
+    for epoch in range(5):
+        ds.set_epoch(epoch)
+        for x, _ in loader:
+            ds.update(fake_loss(x) * w.sum().add(1)).backward()
+            opt.step()
+            sched.step()
+            lrs.append(opt.param_groups[0]["lr"])
+    assert ds.progress == 1.0
+    assert lrs[-1] == pytest.approx(0.0, abs=1e-12)
+    assert max(lrs) == pytest.approx(0.1, rel=0.05)
+    assert min(lrs[:-1]) > 0
+
+
+def test_wrapper_pickles_and_deepcopies_and_delegates_attributes():
+    data = index_data()
+    data.classes = ["a", "b"]
+    ds = InfoBatch(data, 2)
+    ds.update(torch.ones(3), torch.tensor([0, 1, 2]))
+    for clone in (pickle.loads(pickle.dumps(ds)), copy.deepcopy(ds)):
+        assert clone.classes == ["a", "b"]
+        assert len(clone) == N and clone[5][1] == 5
+        assert torch.equal(clone.scores.values.nan_to_num(-1), ds.scores.values.nan_to_num(-1))
+    with pytest.raises(AttributeError):
+        _ = ds.no_such_attribute
+
+
+class Stream(IterableDataset):
+    def __iter__(self):
+        yield from range(3)
+
+
+class Empty(torch.utils.data.Dataset):
+    def __len__(self):
+        return 0
+
+    def __getitem__(self, i):
+        raise IndexError(i)
+
+
+@pytest.mark.parametrize(
+    "make,exc,match",
+    [
+        (lambda: InfoBatch(index_data(), 4, prune_ratio=1.0), ValueError, "prune_ratio"),
+        (lambda: InfoBatch(index_data(), 4, prune_ratio=-0.5), ValueError, "prune_ratio"),
+        (lambda: InfoBatch(index_data(), 4, delta=0), ValueError, "delta"),
+        (lambda: InfoBatch(index_data(), 4, delta=1.01), ValueError, "delta"),
+        (lambda: InfoBatch(index_data(), 0), ValueError, "num_epochs"),
+        (lambda: InfoBatch(Empty(), 4), ValueError, "empty"),
+        (lambda: InfoBatch(Stream(), 4), TypeError, "map-style"),
+        (lambda: InfoBatch(index_data(), 4, policy="smart"), ValueError, "policy"),
+        (lambda: InfoBatch(index_data(), 4, ema=1.0), ValueError, "ema"),
+    ],
+)
+def test_bad_construction(make, exc, match):
+    with pytest.raises(exc, match=match):
+        make()
+
+
+def test_bad_losses_and_indices():
+    ds = InfoBatch(index_data(), 2)
+    loader = DataLoader(ds, batch_size=10, sampler=ds.sampler)
+    x, i = next(iter(loader))
+    with pytest.raises(ValueError, match="scalar"):
+        ds.update(fake_loss(x).mean())
+    with pytest.raises(ValueError, match=r"shape \(batch,\)"):
+        ds.update(fake_loss(x).reshape(2, 5))
+    with pytest.raises(TypeError, match="floating"):
+        ds.update(i)
+    with pytest.raises(ValueError, match="indices has"):
+        ds.update(fake_loss(x), i[:5])
+    with pytest.raises(IndexError, match="out of range"):
+        ds.update(torch.ones(2), torch.tensor([0, N]))
+    with pytest.raises(IndexError, match="out of range"):
+        ds.update(torch.ones(2), torch.tensor([-1, 3]))
+    with pytest.raises(TypeError, match="integer"):
+        ds.update(torch.ones(2), torch.tensor([0.0, 1.0]))
+
+
+def test_implicit_update_detects_misaligned_losses():
+    ds = InfoBatch(index_data(), 2)
+    with pytest.raises(RuntimeError, match="sampler=ds.sampler"):
+        ds.update(torch.ones(4))  # nothing served yet
+    loader = DataLoader(ds, batch_size=10, sampler=ds.sampler)
+    it = iter(loader)
+    x, _ = next(it)
+    ds.update(fake_loss(x))
+    x, _ = next(it)
+    with pytest.raises(ValueError, match="batches of this epoch have 10"):
+        ds.update(fake_loss(x)[:7])  # someone filtered the batch
+    ds2 = InfoBatch(index_data(), 2)
+    loader2 = DataLoader(ds2, batch_size=10, sampler=ds2.sampler)
+    with pytest.raises(ValueError, match="served only"):
+        for x, _ in loader2:
+            ds2.update(torch.cat([fake_loss(x)] * 2000))
+
+
+def test_state_dict_from_another_dataset_size_is_rejected():
+    a, b = InfoBatch(index_data(), 2), InfoBatch(index_data(N + 1), 2)
+    with pytest.raises(ValueError, match="same dataset"):
+        b.load_state_dict(a.state_dict())

@@ -1,0 +1,144 @@
+"""Sampler invariants (hypothesis), epochs, sharding, and the keyed permutation."""
+
+import random
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from leanbatch import InfoBatchPolicy, PrunedSampler, ScoreTable
+from leanbatch.sampler import KeyedPermutation
+
+
+def make(n, scores=None, num_epochs=4, delta=0.75, ratio=0.5, **kw):
+    table = ScoreTable(n)
+    if scores is not None:
+        table.update(torch.arange(n), scores)
+    return PrunedSampler(table, InfoBatchPolicy(ratio, num_epochs, delta), **kw)
+
+
+@given(n=st.integers(1, 3000), key=st.integers(0, 2**40))
+@settings(max_examples=60, deadline=None)
+def test_keyed_permutation_is_a_bijection(n, key):
+    out = KeyedPermutation(n, key)(torch.arange(n))
+    assert torch.equal(torch.sort(out).values, torch.arange(n))
+
+
+def test_keyed_permutation_looks_shuffled():
+    n = 10_000
+    out = KeyedPermutation(n, 123)(torch.arange(n)).double()
+    pos = torch.arange(n).double()
+    corr = torch.corrcoef(torch.stack([out, pos]))[0, 1]
+    assert abs(float(corr)) < 0.05
+    # first positions land all over the range, not in one block
+    assert out[:100].std() > 0.2 * n
+    assert not torch.equal(KeyedPermutation(n, 1)(torch.arange(50)), KeyedPermutation(n, 2)(torch.arange(50)))
+
+
+@given(
+    n=st.integers(1, 400),
+    world=st.integers(1, 5),
+    drop_last=st.booleans(),
+    epoch=st.integers(0, 3),
+    seed=st.integers(0, 1000),
+    data=st.data(),
+)
+@settings(max_examples=80, deadline=None)
+def test_shards_cover_the_plan_with_equal_lengths(n, world, drop_last, epoch, seed, data):
+    scores = torch.tensor(data.draw(st.lists(st.floats(0, 10), min_size=n, max_size=n)), dtype=torch.float32)
+    samplers = [
+        make(n, scores, num_replicas=world, rank=r, drop_last=drop_last, seed=seed) for r in range(world)
+    ]
+    shards = []
+    plans = []
+    for s in samplers:
+        s.set_epoch(epoch)
+        plans.append(s.plan())
+        length = len(s)
+        shard = list(s)
+        assert len(shard) == length  # len() is right before iteration
+        s.set_epoch(epoch)  # without it, a finished iteration moves on to the next epoch
+        assert list(s) == shard  # a second iter() of the same epoch: same order, no re-plan
+        shards.append(shard)
+    assert len({len(x) for x in shards}) == 1
+    plan = plans[0]
+    assert all(torch.equal(p.kept, plan.kept) for p in plans if p.kept is not None)
+    kept = set(range(n)) if plan.kept is None else set(plan.kept.tolist())
+    served = [i for shard in shards for i in shard]
+    assert set(served) <= kept
+    if drop_last:
+        assert len(served) == len(set(served)) == (len(kept) // world) * world
+    else:
+        assert set(served) == kept
+        assert len(served) - len(kept) == samplers[0].epoch_stats[-1]["padded"] < world
+
+
+def test_deterministic_across_objects_and_no_global_rng_use():
+    scores = torch.rand(500, generator=torch.Generator().manual_seed(0))
+    states = (torch.get_rng_state(), np.random.get_state()[1].copy(), random.getstate())
+    a, b = make(500, scores, seed=3), make(500, scores, seed=3)
+    for e in range(4):
+        a.set_epoch(e)
+        b.set_epoch(e)
+        assert list(a) == list(b)
+    assert torch.equal(torch.get_rng_state(), states[0])
+    assert np.array_equal(np.random.get_state()[1], states[1]) and random.getstate() == states[2]
+    c = make(500, scores, seed=4)
+    assert list(c) != list(make(500, scores, seed=3))
+
+
+def test_epoch_advances_after_a_full_iteration_without_set_epoch():
+    s = make(100, torch.rand(100), num_epochs=4, delta=0.5)
+    lens = []
+    for _ in range(4):
+        lens.append(len(s))
+        assert len(list(s)) == lens[-1]
+    assert [st["epoch"] for st in s.epoch_stats] == [0, 1, 2, 3]
+    assert lens[0] < 100 and lens[1] < 100 and lens[2] == lens[3] == 100
+
+
+def test_len_does_not_advance_while_batches_are_in_flight():
+    table = ScoreTable(64)
+    s = PrunedSampler(table, InfoBatchPolicy(0.5, 3, 1.0))
+    it = iter(s)
+    first = [next(it) for _ in range(16)]
+    assert s.claim(16)[0].tolist() == first
+    served = first + list(it)  # a prefetching loader exhausted the sampler
+    for _ in range(2):
+        s.claim(16)
+    assert len(s) == 64 and s.epoch == 0  # the last batch has not been updated yet: still epoch 0
+    assert s.claim(16)[0].tolist() == served[48:]
+    assert s.epoch == 0 and len(s) == 64 and s.epoch == 1  # all consumed: len() moves to epoch 1
+
+
+def test_iter_returns_fresh_generators_and_plans_once():
+    s = make(50, torch.rand(50))
+    calls = []
+    inner = s.policy
+
+    def counting(scores, epoch, g):
+        calls.append(epoch)
+        return inner(scores, epoch, g)
+
+    s.policy = counting
+    s.set_epoch(0)
+    len(s), len(s)
+    it1, it2 = iter(s), iter(s)
+    assert it1 is not it2 and iter(it1) is it1
+    assert list(it2) == list(it1)
+    assert calls == [0]
+
+
+def test_bad_arguments():
+    table = ScoreTable(10)
+    pol = InfoBatchPolicy(0.5, 2, 1.0)
+    with pytest.raises(ValueError, match="rank"):
+        PrunedSampler(table, pol, num_replicas=2, rank=2)
+    with pytest.raises(ValueError, match="num_replicas"):
+        PrunedSampler(table, pol, num_replicas=0)
+    with pytest.raises(ValueError, match="epoch"):
+        PrunedSampler(table, pol).set_epoch(-1)
+    with pytest.raises(TypeError, match="seed"):
+        PrunedSampler(table, pol, seed=1.5)
