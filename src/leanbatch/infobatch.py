@@ -78,7 +78,10 @@ class InfoBatch(Dataset):
         if n < 1:
             raise ValueError("dataset is empty: InfoBatch needs at least one sample")
         if isinstance(policy, str):
-            kinds = {"infobatch": InfoBatchPolicy, "random": RandomPolicy}
+            kinds: dict[str, type[InfoBatchPolicy] | type[RandomPolicy]] = {
+                "infobatch": InfoBatchPolicy,
+                "random": RandomPolicy,
+            }
             if policy not in kinds:
                 raise ValueError(f"policy must be one of {sorted(kinds)} or a Policy object, got {policy!r}")
             policy_obj: Policy = kinds[policy](prune_ratio, num_epochs, delta)
