@@ -119,18 +119,23 @@ def _drop_mask(candidates: Tensor, q: float, generator: torch.Generator) -> tupl
 
 def _plan_from_drop(epoch: int, drop: Tensor, weights: Tensor, threshold: float | None) -> Plan:
     n = drop.numel()
-    dtype = torch.int32 if n < 2**31 else torch.int64
-    kept = torch.arange(n, dtype=dtype)[drop.logical_not_()]
+    kept = torch.nonzero(drop.logical_not_()).squeeze(1)  # sorted; int64 only transiently
+    if n < 2**31:
+        kept = kept.to(torch.int32)
     return Plan(epoch, n, kept, weights, threshold, True)
 
 
-def _mean_finite(scores: Tensor) -> tuple[float | None, Tensor]:
-    """Mean of the scored entries (scores hold finite losses or NaN for never scored)."""
-    scored = ~torch.isnan(scores)
-    count = int(scored.sum())
+def _weights(mask: Tensor, w: float) -> Tensor:
+    """float32 weights: ``w`` where ``mask``, 1 elsewhere (one pass)."""
+    return torch.where(mask, torch.tensor(w, dtype=torch.float32), torch.tensor(1.0, dtype=torch.float32))
+
+
+def _threshold(scores: Tensor) -> tuple[float | None, int]:
+    """Mean of the scored entries and their count (scores hold finite losses or NaN)."""
+    count = scores.numel() - int(torch.isnan(scores).sum())
     if count == 0:
-        return None, scored
-    return float(scores.nansum(dtype=torch.float64)) / count, scored
+        return None, 0
+    return float(scores.nansum()) / count, count
 
 
 @dataclass
@@ -166,12 +171,12 @@ class InfoBatchPolicy:
         if epoch >= pruning_epochs(self.num_epochs, self.delta) or self.prune_ratio == 0:
             return full_plan(epoch, n)
         scores = scores.detach().to("cpu", torch.float32)
-        threshold, _ = _mean_finite(scores)
+        threshold, _ = _threshold(scores)
         if threshold is None:
             return full_plan(epoch, n)
         below = scores < threshold  # NaN (never scored) compares False: always kept
         drop, w = _drop_mask(below, self.prune_ratio, generator)
-        weights = below.to(torch.float32).mul_(w - 1.0).add_(1.0)
+        weights = _weights(below, w)
         del below
         return _plan_from_drop(epoch, drop, weights, threshold)
 
@@ -206,13 +211,13 @@ class RandomPolicy:
         if epoch >= pruning_epochs(self.num_epochs, self.delta) or self.prune_ratio == 0:
             return full_plan(epoch, n)
         scores = scores.detach().to("cpu", torch.float32)
-        threshold, scored = _mean_finite(scores)
+        threshold, num_scored = _threshold(scores)
         if threshold is None:
             return full_plan(epoch, n)
-        num_scored = int(scored.sum())
         num_below = int((scores < threshold).sum())
         q = self.prune_ratio * num_below / num_scored
+        scored = ~torch.isnan(scores)
         drop, w = _drop_mask(scored, q, generator)
-        weights = scored.to(torch.float32).mul_(w - 1.0).add_(1.0)
+        weights = _weights(scored, w)
         del scored
         return _plan_from_drop(epoch, drop, weights, threshold)

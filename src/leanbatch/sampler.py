@@ -212,6 +212,7 @@ class PrunedSampler(Sampler[int]):
             self._start = 0
             self._advance = False
         if self._plan is None or self._plan.epoch != self.epoch:
+            self._plan = self._dev_weights = None  # let the old plan go before making the new one
             self._plan = self._make_plan(self.epoch)
         return self._plan
 
