@@ -77,6 +77,9 @@ def test_nonfinite_losses_are_counted_not_stored_and_still_returned():
     # a finite score is kept when a later loss is NaN
     ds.update(torch.full((5,), float("nan")), i)
     assert torch.allclose(ds.scores.values[i], i / 10 + 1)
+    ds.set_epoch(1)
+    len(ds.sampler)  # plans epoch 1
+    assert ds.epoch_stats[-1]["nonfinite_so_far"] == 8
 
 
 def test_explicit_indices_path_and_ema():

@@ -176,7 +176,12 @@ class InfoBatch(Dataset):
     # ------------------------------------------------------------------ statistics
     @property
     def epoch_stats(self) -> list[dict[str, Any]]:
-        """One dict per planned epoch: epoch, num_samples, kept, pruned, threshold, pruning, padded."""
+        """One dict per planned epoch.
+
+        Keys: ``epoch``, ``num_samples``, ``kept``, ``pruned``, ``threshold`` (None when not
+        pruning), ``pruning``, ``padded``/``dropped`` (equal-length DDP shards) and
+        ``nonfinite_so_far`` (NaN/Inf losses skipped before this epoch was planned).
+        """
         return self.sampler.epoch_stats
 
     def get_pruned_count(self) -> int:

@@ -231,6 +231,7 @@ class PrunedSampler(Sampler[int]):
             "pruning": plan.pruning,
             "padded": max(0, total - plan.num_kept),
             "dropped": max(0, plan.num_kept - total),
+            "nonfinite_so_far": int(self.scores.nonfinite_count),
         }
         self.epoch_stats = [s for s in self.epoch_stats if s["epoch"] != epoch] + [stats]
         return plan
