@@ -166,9 +166,7 @@ class InfoBatch(Dataset):
     def weights(self, indices: Tensor) -> Tensor:
         """The current epoch's loss weights (float32) of dataset ``indices``, on their device."""
         self.scores.check_indices(indices)
-        seg = self.sampler._front()
-        plan = seg.plan if seg is not None else self.sampler.plan()
-        w = self.sampler.weights_on(plan, indices.device)
+        w = self.sampler.weights_on(self.sampler.current_plan(), indices.device)
         if w is None:
             return torch.ones(indices.shape, dtype=torch.float32, device=indices.device)
         return w[indices]

@@ -289,6 +289,11 @@ class PrunedSampler(Sampler[int]):
                 break
         return segs[0] if segs else None
 
+    def current_plan(self) -> Plan:
+        """The plan of the samples being consumed now (the epoch of the next update)."""
+        seg = self._front()
+        return seg.plan if seg is not None else (self._plan or self.plan())
+
     def claim(self, n: int) -> tuple[Tensor, Plan]:
         """Take the dataset indices of the next ``n`` served samples (int64, CPU) and their plan."""
         self._claimed = True
@@ -330,8 +335,7 @@ class PrunedSampler(Sampler[int]):
             self.record = False  # explicit-index training: no ledger needed
             self._segments.clear()
         self._explicit += n
-        seg = self._front()
-        return seg.plan if seg is not None else (self._plan or self.plan())
+        return self.current_plan()
 
     def weights_on(self, plan: Plan, device: torch.device) -> Tensor | None:
         """The plan's per-index weights on ``device`` (copied once per epoch, asynchronously)."""
