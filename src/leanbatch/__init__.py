@@ -1,7 +1,7 @@
 """leanbatch: cheaper PyTorch training at the same accuracy.
 
 Example:
-    >>> from leanbatch import InfoBatch, ScoreTable, PrunedSampler
+    >>> from leanbatch import InfoBatch, SelectiveBackprop, select_using_loss
 """
 
 from leanbatch.infobatch import InfoBatch
@@ -9,6 +9,16 @@ from leanbatch.policies import InfoBatchPolicy, Plan, RandomPolicy
 from leanbatch.sampler import PrunedSampler
 from leanbatch.schedule import ProgressLR, cosine
 from leanbatch.scores import ScoreTable
+from leanbatch.selection import (
+    Selection,
+    SelectiveBackprop,
+    per_sequence_loss,
+    select_indices,
+    select_using_loss,
+    selection_losses,
+    should_selective_backprop,
+    training_progress,
+)
 
 __all__ = [
     "InfoBatch",
@@ -18,6 +28,14 @@ __all__ = [
     "PrunedSampler",
     "RandomPolicy",
     "ScoreTable",
+    "Selection",
+    "SelectiveBackprop",
     "cosine",
+    "per_sequence_loss",
+    "select_indices",
+    "select_using_loss",
+    "selection_losses",
+    "should_selective_backprop",
+    "training_progress",
 ]
 __version__ = "0.1.0"

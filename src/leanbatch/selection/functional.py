@@ -1,0 +1,164 @@
+"""Composer's functional form of Selective Backprop, sync-free and state-preserving.
+
+``select_using_loss(X, y, model, loss_fun, keep, scale_factor)`` has the same
+signature and meaning as ``composer.functional``'s, so switching is an import
+change. What differs is underneath: sampling on the device with a private
+generator (no numpy, no global RNG, no host-device sync), BatchNorm statistics
+and train/eval modes left exactly as they were, at least one example kept, and
+optional chunking and precision for the selection pass.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from leanbatch.selection._checks import check_autocast, check_fraction, check_int
+from leanbatch.selection.rank import num_selected, select_indices
+from leanbatch.selection.rng import resolve_generator
+from leanbatch.selection.scoring import as_per_example_loss, check_downsample, compute_losses
+
+__all__ = ["select_using_loss", "selection_losses"]
+
+
+def _check_pair(X: Any, y: Any) -> int:
+    if not isinstance(X, Tensor):
+        raise TypeError(f"X must be a torch.Tensor batch of inputs, got {type(X).__name__}")
+    if not isinstance(y, Tensor):
+        raise TypeError(f"y must be a torch.Tensor batch of targets, got {type(y).__name__}")
+    if X.dim() == 0 or X.shape[0] < 1:
+        raise ValueError(f"X must hold at least one example along dim 0, got shape {tuple(X.shape)}")
+    if y.dim() == 0 or y.shape[0] != X.shape[0]:
+        raise ValueError(
+            f"y must have one target per example of X ({X.shape[0]}), got shape {tuple(y.shape)}"
+        )
+    return int(X.shape[0])
+
+
+def selection_losses(
+    X: Tensor,
+    y: Tensor,
+    model: Callable[..., Any],
+    loss_fun: Callable[..., Tensor],
+    scale_factor: float = 1,
+    *,
+    chunk_size: int | None = None,
+    autocast: torch.dtype | bool | None = None,
+    eval_mode: bool = False,
+) -> Tensor:
+    """Per-example losses of the selection pass (no grad, training state untouched), float32 ``(N,)``.
+
+    The lower-level half of :func:`select_using_loss`: pair it with
+    :func:`select_indices` when the loop needs the losses too (e.g. to feed
+    InfoBatch's score table). Arguments as in :func:`select_using_loss`.
+
+    Example:
+        >>> import torch, torch.nn.functional as F
+        >>> model = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.AdaptiveAvgPool2d(1),
+        ...                             torch.nn.Flatten(), torch.nn.Linear(4, 10))
+        >>> X, y = torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,))
+        >>> selection_losses(X, y, model, F.cross_entropy, scale_factor=0.5).shape
+        torch.Size([8])
+    """
+    n = _check_pair(X, y)
+    scale = check_fraction(scale_factor, "scale_factor")
+    check_downsample(X, scale)
+    if chunk_size is not None:
+        check_int(chunk_size, "chunk_size", 1)
+    loss = as_per_example_loss(loss_fun, "loss_fun")
+    return compute_losses(
+        model,
+        X,
+        y,
+        loss,
+        n,
+        scale_factor=scale,
+        chunk_size=chunk_size,
+        autocast=check_autocast(autocast),
+        eval_mode=eval_mode,
+        name="loss_fun",
+    )
+
+
+def select_using_loss(
+    X: Tensor,
+    y: Tensor,
+    model: Callable[..., Any],
+    loss_fun: Callable[..., Tensor],
+    keep: float = 0.5,
+    scale_factor: float = 1,
+    *,
+    generator: torch.Generator | None = None,
+    chunk_size: int | None = None,
+    autocast: torch.dtype | bool | None = None,
+    eval_mode: bool = False,
+) -> tuple[Tensor, Tensor]:
+    """Keep the examples of a batch that Selective Backprop's rank rule draws (Composer's signature).
+
+    One no-grad forward pass scores every example; the losses are sorted and rank
+    position ``i`` gets weight ``((i + 0.5) / N) ** (1 / keep - 1)``;
+    ``max(1, int(keep * N))`` examples are drawn without replacement by those
+    weights (a Gumbel top-k on the device).
+
+    Args:
+        X: inputs, ``(N, ...)``.
+        y: targets, ``(N, ...)``.
+        model: the model (or any callable ``model(X) -> output``).
+        loss_fun: ``loss_fun(output, target, reduction="none") -> (N,)`` losses,
+            e.g. ``F.cross_entropy``; a loss module like ``nn.CrossEntropyLoss()``
+            also works.
+        keep: fraction of the batch to keep, in (0, 1].
+        scale_factor: in (0, 1]; below 1 the selection pass sees ``X`` downsampled
+            (linear/bilinear/trilinear for 3-D/4-D/5-D float inputs).
+        generator: ``torch.Generator`` on ``X``'s device; default: a private
+            seeded one per device (never the global RNG).
+        chunk_size: score at most this many examples per forward (memory cap).
+        autocast: ``None`` runs in the caller's autocast context; a dtype
+            (``torch.bfloat16``/``torch.float16``) or ``True`` runs under that
+            autocast; ``False`` runs in full precision.
+        eval_mode: score in eval mode (running BN statistics, no dropout).
+
+    Returns:
+        ``(X_selected, y_selected)``, rows in their original batch order. When
+        every example is kept (``keep=1`` or ``N=1``) the batch is returned as is
+        and no forward pass runs.
+
+    Example:
+        >>> import torch, torch.nn.functional as F
+        >>> model = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.BatchNorm2d(4),
+        ...                             torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(4, 10))
+        >>> X, y = torch.randn(16, 1, 28, 28), torch.randint(0, 10, (16,))
+        >>> X_new, y_new = select_using_loss(X, y, model, F.cross_entropy, keep=0.5, scale_factor=0.5)
+        >>> X_new.shape, y_new.shape
+        (torch.Size([8, 1, 28, 28]), torch.Size([8]))
+    """
+    n = _check_pair(X, y)
+    k = num_selected(n, keep)
+    scale = check_fraction(scale_factor, "scale_factor")
+    check_downsample(X, scale)
+    if chunk_size is not None:
+        check_int(chunk_size, "chunk_size", 1)
+    loss = as_per_example_loss(loss_fun, "loss_fun")
+    precision = check_autocast(autocast)
+    resolve_generator(generator, X.device)  # a wrong generator fails now, whatever the batch
+    if k == n:
+        return X, y
+    losses = compute_losses(
+        model,
+        X,
+        y,
+        loss,
+        n,
+        scale_factor=scale,
+        chunk_size=chunk_size,
+        autocast=precision,
+        eval_mode=eval_mode,
+        name="loss_fun",
+    )
+    positions = select_indices(losses, keep, generator)
+    if positions.device != X.device:
+        positions = positions.to(X.device, non_blocking=True)
+    return X.index_select(0, positions), y.index_select(0, positions.to(y.device, non_blocking=True))

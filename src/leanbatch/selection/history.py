@@ -1,0 +1,153 @@
+"""The paper's own selection rule: a loss percentile against recent history.
+
+Jiang et al. (2019) compare each example's loss with a ring buffer of the most
+recent losses (1,024 in the authors' code) and select it with probability
+``P = cdf ** beta`` - one independent Bernoulli draw per example - where ``cdf``
+is the loss's percentile rank among the buffered losses (the batch's own losses
+are pushed first, as in the authors' code, and ties count half, like
+``scipy.stats.percentileofscore(kind="rank")``). With ``beta = 3`` (their
+default) about a quarter of the examples are selected: for a stationary loss
+distribution ``E[cdf ** beta] = 1 / (beta + 1)``.
+
+The buffer and the draw live on the losses' device and are vectorised (one
+``searchsorted`` against the sorted buffer). The number selected varies from
+batch to batch, so turning the mask into positions reads one count from the
+device; the rank rule (:mod:`leanbatch.selection.rank`) has a fixed count and
+needs no such read.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from leanbatch.scores import check_per_sample_loss
+from leanbatch.selection._checks import check_int
+from leanbatch.selection.rng import resolve_generator
+
+__all__ = ["LossHistory"]
+
+
+class LossHistory:
+    """Ring buffer of recent per-example losses and the ``cdf ** beta`` selection rule.
+
+    Args:
+        size: how many recent losses to remember (1,024 in the paper's code).
+        beta: selectivity exponent; larger keeps fewer (3 in the paper's code).
+        min_probability: a floor on the selection probability (the authors'
+            ``sampling_min``; 0 by default).
+        device: where the buffer lives; ``None`` follows the first losses pushed.
+
+    Non-finite losses are not remembered; an example whose loss is not finite
+    gets probability 1 (it is treated as the hardest, as the rank rule does).
+
+    Example:
+        >>> import torch
+        >>> h = LossHistory(size=8, beta=1.0)
+        >>> h.push(torch.tensor([1.0, 2.0, 3.0, 4.0]))
+        >>> h.percentile(torch.tensor([0.5, 2.0, 9.0])).tolist()
+        [0.0, 0.5, 1.0]
+        >>> mask = h.sample(torch.tensor([0.1, 3.5]), generator=torch.Generator().manual_seed(0))
+        >>> mask.dtype, mask.shape
+        (torch.bool, torch.Size([2]))
+    """
+
+    def __init__(
+        self,
+        size: int = 1024,
+        beta: float = 3.0,
+        min_probability: float = 0.0,
+        device: torch.device | str | None = None,
+    ):
+        self.size = check_int(size, "history_size", 1)
+        if isinstance(beta, bool) or not isinstance(beta, (int, float)):
+            raise TypeError(f"beta must be a positive float, got {beta!r}")
+        if not (math.isfinite(beta) and beta > 0):
+            raise ValueError(f"beta must be a positive finite float, got {beta!r}")
+        if isinstance(min_probability, bool) or not isinstance(min_probability, (int, float)):
+            raise TypeError(f"min_probability must be a float in [0, 1], got {min_probability!r}")
+        if not (0.0 <= float(min_probability) <= 1.0):
+            raise ValueError(f"min_probability must be in [0, 1], got {min_probability!r}")
+        self.beta = float(beta)
+        self.min_probability = float(min_probability)
+        self._follow = device is None
+        dev = torch.device("cpu") if device is None else torch.device(device)
+        self.values = torch.full((self.size,), float("nan"), dtype=torch.float32, device=dev)
+        self._next = 0  # host-side write position: batch sizes are known on the host
+
+    def _follow_device(self, losses: Tensor) -> None:
+        if self._follow and losses.device != self.values.device:
+            self.values = self.values.to(losses.device)
+
+    def push(self, losses: Tensor) -> None:
+        """Remember ``losses`` (overwriting the oldest); non-finite ones are not remembered."""
+        losses = check_per_sample_loss(losses, "losses")
+        self._follow_device(losses)
+        new = losses.detach().to(self.values.device, torch.float32)
+        new = torch.where(torch.isfinite(new), new, torch.full_like(new, float("nan")))
+        n = new.shape[0]
+        if n >= self.size:
+            self.values.copy_(new[n - self.size :])
+            self._next = 0
+            return
+        slots = (torch.arange(n, device=new.device) + self._next) % self.size
+        self.values.index_copy_(0, slots, new)
+        self._next = (self._next + n) % self.size
+
+    def percentile(self, losses: Tensor) -> Tensor:
+        """Percentile rank in [0, 1] of each loss among the remembered losses (ties count half)."""
+        losses = check_per_sample_loss(losses, "losses")
+        self._follow_device(losses)
+        x = losses.detach().to(self.values.device, torch.float32)
+        valid = ~torch.isnan(self.values)
+        n_valid = valid.sum()
+        ordered = torch.sort(torch.where(valid, self.values, torch.full_like(self.values, math.inf))).values
+        below = torch.minimum(torch.searchsorted(ordered, x, right=False), n_valid)
+        at_or_below = torch.minimum(torch.searchsorted(ordered, x, right=True), n_valid)
+        matched = (below < at_or_below).to(torch.float32)
+        pct = (below + at_or_below).to(torch.float32) + matched
+        pct = pct / (2.0 * n_valid.clamp_min(1).to(torch.float32))
+        return torch.where(torch.isfinite(x), pct.clamp(0.0, 1.0), torch.ones_like(pct))
+
+    def probabilities(self, losses: Tensor) -> Tensor:
+        """Selection probability ``max(min_probability, percentile ** beta)`` of each loss."""
+        return self.percentile(losses).pow(self.beta).clamp_min(self.min_probability)
+
+    def sample(
+        self, losses: Tensor, generator: torch.Generator | None = None, at_least_one: bool = True
+    ) -> Tensor:
+        """Push ``losses``, then draw one Bernoulli per example; returns a bool mask.
+
+        With ``at_least_one`` the highest-probability example is selected when the
+        draw selects none, so a training step never gets an empty batch. The draw
+        is on the device (no sync); only turning the mask into positions reads.
+        """
+        self.push(losses)
+        probs = self.probabilities(losses)
+        gen = resolve_generator(generator, probs.device)
+        mask = torch.rand(probs.shape, generator=gen, device=probs.device) < probs
+        if at_least_one:
+            fallback = torch.zeros_like(mask).index_fill_(0, probs.argmax().view(1), True)
+            mask = mask | (fallback & ~mask.any())
+        return mask
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict[str, Any]:
+        """Tensors and plain values only (loads with ``torch.load(weights_only=True)``)."""
+        return {
+            "size": self.size,
+            "beta": self.beta,
+            "min_probability": self.min_probability,
+            "values": self.values.detach().cpu().clone(),
+            "next": self._next,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a buffer saved by :meth:`state_dict`; the sizes must match."""
+        if state.get("size") != self.size:
+            raise ValueError(f"state_dict is for a history of {state.get('size')} losses, not {self.size}")
+        self.values = state["values"].to(self.values.device, torch.float32).clone()
+        self._next = int(state["next"])
