@@ -1,0 +1,126 @@
+"""PNG plots of a comparison, drawn from the results.json payload (matplotlib, no display needed).
+
+- ``accuracy_vs_time.png``: test accuracy against training wall-clock, one line per method
+  (mean over seeds at each epoch), with the baseline's final accuracy and the tolerance band.
+- ``kept_per_epoch.png``: fraction of the training set forwarded and backpropagated per epoch.
+- ``loss_histograms.png``: the per-sample score distribution InfoBatch planned from at a few
+  epochs, with the pruning threshold (the mean score) marked.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+__all__ = ["write_plots"]
+
+
+def _mean_curve(runs: list[dict[str, Any]], key: str) -> list[float]:
+    n = min(len(r["epochs"]) for r in runs)
+    return [sum(r["epochs"][i][key] for r in runs) / len(runs) for i in range(n)]
+
+
+def _group(payload: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in payload["runs"]:
+        groups.setdefault(r["method"], []).append(r)
+    return groups
+
+
+def write_plots(payload: dict[str, Any], out_dir: Path) -> list[Path]:
+    """Draw the plots of ``payload`` into ``out_dir``; returns the files written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = _group(payload)
+    if not groups:
+        return []
+    written: list[Path] = []
+    title = f"{payload['data']['name']}, {payload['config']['epochs']} epochs"
+
+    # accuracy vs wall-clock
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, runs in groups.items():
+        ax.plot(_mean_curve(runs, "train_time"), _mean_curve(runs, "test_acc"), marker="o", ms=3, label=label)
+    base = next((row for row in payload["summary"] if row["method"] == "baseline"), None)
+    if base is not None:
+        ax.axhline(base["acc_mean"], color="grey", lw=0.8, ls="--")
+        ax.axhspan(base["target_acc"], base["acc_mean"], color="grey", alpha=0.12, lw=0)
+    accs = [a for runs in groups.values() for a in _mean_curve(runs, "test_acc")]
+    final = [row["acc_mean"] for row in payload["summary"]]
+    lo = min(min(final) - 2.0, sorted(accs)[len(accs) // 4]) if accs else 0.0
+    ax.set_ylim(max(lo, 0.0), min(100.0, max(accs) + 0.5))
+    ax.set_xlabel("training wall-clock (s, evaluation excluded)")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title(f"Test accuracy vs time: {title}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    written.append(_save(fig, out_dir / "accuracy_vs_time.png"))
+    plt.close(fig)
+
+    # fraction of data forwarded / backpropagated per epoch
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    num = _num_train(payload)
+    for label, runs in groups.items():
+        fwd = [x / num for x in _mean_curve(runs, "loaded")]
+        bwd = [x / num for x in _mean_curve(runs, "backpropagated")]
+        epochs = list(range(len(fwd)))
+        (line,) = ax.plot(epochs, fwd, marker="o", ms=3, label=f"{label}: loaded")
+        if any(abs(a - b) > 1e-9 for a, b in zip(fwd, bwd, strict=True)):
+            ax.plot(
+                epochs, bwd, ls="--", marker="x", ms=3, color=line.get_color(), label=f"{label}: backprop"
+            )
+    ax.set_ylim(0, 1.05)
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("fraction of the training set")
+    ax.set_title(f"Data kept per epoch: {title}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    written.append(_save(fig, out_dir / "kept_per_epoch.png"))
+    plt.close(fig)
+
+    # loss histograms with the pruning threshold
+    hist_run = _histogram_run(payload)
+    if hist_run is not None:
+        hists = hist_run["loss_histograms"]
+        fig, axes = plt.subplots(1, len(hists), figsize=(4 * len(hists), 3.6), squeeze=False)
+        for ax, h in zip(axes[0], hists, strict=True):
+            edges, counts = h["edges"], h["counts"]
+            ax.stairs(counts, edges, fill=True, alpha=0.6)
+            ax.set_xscale("log")
+            if h["threshold"] is not None:
+                ax.axvline(h["threshold"], color="red", lw=1.2, label=f"threshold {h['threshold']:.3g}")
+                share = h["below_threshold"] / max(h["num_scored"], 1)
+                ax.set_title(f"epoch {h['epoch']}: {share:.0%} below", fontsize=10)
+                ax.legend(fontsize=8)
+            else:
+                ax.set_title(f"epoch {h['epoch']}", fontsize=10)
+            ax.set_xlabel("per-sample loss (score)")
+        axes[0][0].set_ylabel("samples")
+        fig.suptitle(f"{hist_run['method']} (seed {hist_run['seed']}): scores the epoch was planned from")
+        fig.tight_layout()
+        written.append(_save(fig, out_dir / "loss_histograms.png"))
+        plt.close(fig)
+    return written
+
+
+def _num_train(payload: dict[str, Any]) -> int:
+    return int(payload["data"]["num_train"])
+
+
+def _histogram_run(payload: dict[str, Any]) -> dict[str, Any] | None:
+    runs = [r for r in payload["runs"] if r["loss_histograms"]]
+    for preferred in ("infobatch", "infobatch+sb", "random"):
+        for r in runs:
+            if r["kind"] == preferred:
+                return r
+    return runs[0] if runs else None
+
+
+def _save(fig: Any, path: Path) -> Path:
+    fig.savefig(path, dpi=110)
+    return path

@@ -1,0 +1,226 @@
+"""From finished runs to the comparison: summary rows, the printed table and results.json.
+
+Column meanings (every ratio is measured against ``baseline`` in the same invocation, same
+machine, same seeds):
+
+- ``acc %``: final test accuracy, mean ± sample standard deviation over seeds.
+- ``time s``: training wall-clock per run (evaluation excluded), mean over seeds.
+- ``vs base``: mean time / baseline's mean time (``-35%`` = 35% less wall-clock).
+- ``fwd`` / ``bwd``: samples forwarded / backpropagated, as a fraction of ``epochs x N``
+  (``fwd`` counts Selective Backprop's selection passes too, at any resolution).
+- ``ideal x``: ``1 / work``, where ``work = (fwd_full + scale^2 * fwd_select + 2 * bwd) / 3``
+  is the FLOP-weighted fraction of the baseline's compute (a backward pass costs about two
+  forward passes; a selection pass on a copy downsampled by ``scale`` costs ``scale^2`` of one).
+- ``actual x``: baseline time / method time. ``achieved``: actual / ideal.
+- ``cpu x``: the same ratio in CPU time of the process (all threads); on a machine shared with other
+  work it is steadier than wall-clock, which is what the other columns use.
+- ``t->target``: mean training time until the test accuracy first reached the baseline's mean final
+  accuracy minus the tolerance (``-`` when some seed never did).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from leanbatch.bench.train import RunResult
+
+__all__ = ["SCHEMA", "summarize", "format_table", "build_results", "write_results", "versions"]
+
+SCHEMA = "leanbatch.bench/1"
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return float(statistics.fmean(xs)) if xs else float("nan")
+
+
+def _std(xs: Sequence[float]) -> float:
+    return float(statistics.stdev(xs)) if len(xs) > 1 else 0.0
+
+
+def _time_to(run: RunResult, target: float) -> float | None:
+    for e in run.epochs:
+        if e.test_acc >= target:
+            return e.train_time
+    return None
+
+
+def summarize(
+    runs: Sequence[RunResult], tolerance: float = 0.2, order: Sequence[str] | None = None
+) -> list[dict[str, Any]]:
+    """One row per method label (``order`` first, then first-seen) with the table's figures as plain values.
+
+    Ratios need a ``baseline`` among the runs; without one they are None.
+    """
+    labels: list[str] = list(order or [])
+    for r in runs:
+        if r.label not in labels:
+            labels.append(r.label)
+    labels = [lab for lab in labels if any(r.label == lab for r in runs)]
+    by_label = {lab: [r for r in runs if r.label == lab] for lab in labels}
+    base = by_label.get("baseline", [])
+    base_time = _mean([r.train_time for r in base]) if base else None
+    base_cpu = _mean([r.train_cpu_time for r in base]) if base else None
+    base_acc = _mean([r.final_acc for r in base]) if base else None
+    target = None if base_acc is None else base_acc - tolerance
+    rows = []
+    for lab in labels:
+        rs = by_label[lab]
+        accs = [r.final_acc for r in rs]
+        times = [r.train_time for r in rs]
+        tot = [r.totals() for r in rs]
+        work = _mean([t["work_fraction"] for t in tot])
+        t_mean = _mean(times)
+        ratio = None if not base_time else t_mean / base_time
+        actual = None if not ratio else 1.0 / ratio
+        ideal = 1.0 / work if work > 0 else None
+        reach = [_time_to(r, target) for r in rs] if target is not None else []
+        rows.append(
+            {
+                "method": lab,
+                "kind": rs[0].kind,
+                "seeds": [r.seed for r in rs],
+                "acc_mean": _mean(accs),
+                "acc_std": _std(accs),
+                "acc_delta_vs_baseline": None if base_acc is None else _mean(accs) - base_acc,
+                "train_time_s_mean": t_mean,
+                "train_time_s_std": _std(times),
+                "time_ratio_vs_baseline": ratio,
+                "train_cpu_time_s_mean": _mean([r.train_cpu_time for r in rs]),
+                "cpu_speedup": None if not base_cpu else base_cpu / _mean([r.train_cpu_time for r in rs]),
+                "loaded_fraction": _mean([t["loaded_fraction"] for t in tot]),
+                "forward_fraction": _mean([t["forward_fraction"] for t in tot]),
+                "backward_fraction": _mean([t["backward_fraction"] for t in tot]),
+                "work_fraction": work,
+                "ideal_speedup": ideal,
+                "actual_speedup": actual,
+                "achieved_of_ideal": None if (actual is None or ideal is None) else actual / ideal,
+                "target_acc": target,
+                "time_to_target_s": (
+                    _mean([t for t in reach if t is not None])
+                    if reach and all(t is not None for t in reach)
+                    else None
+                ),
+                "reached_target": sum(t is not None for t in reach) if target is not None else None,
+            }
+        )
+    return rows
+
+
+def _fmt(x: float | None, spec: str, suffix: str = "") -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return format(x, spec) + suffix
+
+
+def format_table(rows: Sequence[dict[str, Any]], tolerance: float = 0.2) -> str:
+    """A Markdown table (readable in a terminal, pastable into a README)."""
+    head = [
+        "method", "acc %", "time s", "vs base", "fwd", "bwd", "ideal x", "actual x", "achieved", "cpu x", "t->target s"
+    ]  # fmt: skip
+    lines = [head]
+    for r in rows:
+        ratio = r["time_ratio_vs_baseline"]
+        reach = r["time_to_target_s"]
+        if reach is None and r["reached_target"] is not None:
+            reach_s = f"- ({r['reached_target']}/{len(r['seeds'])})"
+        else:
+            reach_s = _fmt(reach, ".1f")
+        lines.append(
+            [
+                r["method"],
+                f"{r['acc_mean']:.2f} ± {r['acc_std']:.2f}",
+                _fmt(r["train_time_s_mean"], ".1f"),
+                "-" if ratio is None else f"{(ratio - 1) * 100:+.0f}%",
+                _fmt(r["forward_fraction"], ".2f"),
+                _fmt(r["backward_fraction"], ".2f"),
+                _fmt(r["ideal_speedup"], ".2f"),
+                _fmt(r["actual_speedup"], ".2f"),
+                _fmt(r["achieved_of_ideal"], ".2f"),
+                _fmt(r["cpu_speedup"], ".2f"),
+                reach_s,
+            ]
+        )
+    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
+    out = []
+    for n, line in enumerate(lines):
+        cells = [
+            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths, strict=True))
+        ]
+        out.append("| " + " | ".join(cells) + " |")
+        if n == 0:
+            out.append(
+                "|"
+                + "|".join(("-" * (w + 1) + ":") if i else ("-" * (w + 2)) for i, w in enumerate(widths))
+                + "|"
+            )
+    seeds = rows[0]["seeds"] if rows else []
+    out.append(
+        f"\nmean over seeds {seeds}; t->target: training time to reach baseline accuracy - {tolerance:g} points"
+    )
+    return "\n".join(out)
+
+
+def versions() -> dict[str, str]:
+    """Versions of Python, torch, leanbatch and the platform, for results.json."""
+    import torch
+
+    import leanbatch
+
+    v = {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "leanbatch": getattr(leanbatch, "__version__", "unknown"),
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "torch_threads": str(torch.get_num_threads()),
+    }
+    if torch.cuda.is_available():
+        v["cuda"] = str(torch.version.cuda)
+        v["gpu"] = torch.cuda.get_device_name(0)
+    return v
+
+
+def build_results(
+    runs: Sequence[RunResult],
+    config: dict[str, Any],
+    data: dict[str, Any],
+    tolerance: float,
+    interrupted: bool = False,
+    command: str | None = None,
+) -> dict[str, Any]:
+    """The whole results.json payload: schema, config, versions, data, summary rows, every run."""
+    return {
+        "schema": SCHEMA,
+        "command": command,
+        "interrupted": interrupted,
+        "config": config,
+        "versions": versions(),
+        "data": data,
+        "tolerance_points": tolerance,
+        "summary": summarize(runs, tolerance, [m["label"] for m in config.get("methods", [])]),
+        "runs": [r.as_dict() for r in runs],  # in the order they ran
+    }
+
+
+def write_results(path: Path, payload: dict[str, Any]) -> None:
+    """Write ``payload`` as JSON (atomically: a Ctrl-C mid-write leaves the old file)."""
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(_clean(payload), indent=1, allow_nan=False))
+    tmp.replace(path)
+
+
+def _clean(o: Any) -> Any:
+    """Non-finite floats become None (JSON has no NaN); tuples become lists."""
+    if isinstance(o, float):
+        return o if math.isfinite(o) else None
+    if isinstance(o, dict):
+        return {str(k): _clean(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_clean(v) for v in o]
+    return o

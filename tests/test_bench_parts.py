@@ -1,0 +1,142 @@
+"""Benchmark building blocks: method parsing, models, the LR schedule, the summary, micro-benchmarks."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from leanbatch.bench import micro
+from leanbatch.bench.methods import MethodError, parse_methods
+from leanbatch.bench.models import CompactResNet, SmallCNN, build_model, default_model_name
+from leanbatch.bench.report import format_table, summarize
+from leanbatch.bench.train import EpochRecord, RunResult, _augment, _lr_factor, _snapshot_epochs
+
+
+def test_parse_methods_defaults_and_overrides() -> None:
+    specs = parse_methods(
+        "baseline, infobatch ,infobatch+sb[sb_keep=0.3,sb_interrupt=0]", {"prune_ratio": 0.7}
+    )
+    assert [s.label for s in specs] == ["baseline", "infobatch", "infobatch+sb[sb_keep=0.3,sb_interrupt=0]"]
+    assert specs[1].prune_ratio == 0.7 and specs[1].prunes and not specs[1].selects
+    assert specs[2].sb_keep == 0.3 and specs[2].sb_interrupt == 0 and specs[2].prunes and specs[2].selects
+    assert specs[0].hyperparameters() == {}
+    assert set(specs[2].hyperparameters()) >= {"prune_ratio", "sb_keep", "stack_scores"}
+    assert parse_methods("random")[0].policy == "random"
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("", "no methods"),
+        ("base", "unknown method 'base'"),
+        ("sb[sb_keep=2]", "sb_keep must be in (0, 1]"),
+        ("sb[sb_keep=x]", "must be a number"),
+        ("sb[sb_start=0.9,sb_end=0.5]", "sb_start < sb_end"),
+        ("sb[sb_start=0.5,sb_end=0.5]", "sb_start < sb_end"),
+        ("sb[keep=0.5]", "unknown setting"),
+        ("sb[sb_keep=0.5", "unbalanced"),
+        ("infobatch,infobatch", "listed twice"),
+        ("infobatch+sb[stack_scores=both]", "stack_scores"),
+    ],
+)
+def test_parse_methods_errors(text: str, needle: str) -> None:
+    with pytest.raises(MethodError, match=None) as exc:
+        parse_methods(text)
+    assert needle in str(exc.value)
+
+
+@pytest.mark.parametrize("size", [8, 14, 28])
+def test_small_cnn_takes_any_size(size: int) -> None:
+    model = SmallCNN(1, 10, (4, 8, 8))
+    assert model(torch.randn(2, 1, size, size)).shape == (2, 10)
+    assert model(torch.randn(2, 1, size // 2, size // 2)).shape == (2, 10)  # SB's downsampled pass
+
+
+def test_resnet_and_defaults() -> None:
+    assert default_model_name(3, 32) == "resnet" and default_model_name(1, 28) == "cnn"
+    net = build_model("resnet", 3, 10, (8, 16, 16))
+    assert isinstance(net, CompactResNet) and net(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+    with pytest.raises(ValueError, match="unknown model"):
+        build_model("vit", 3, 10)
+
+
+def test_lr_schedule_warms_up_then_ends_at_zero() -> None:
+    assert _lr_factor(0.0, 0.1) < 0.05
+    assert _lr_factor(0.1, 0.1) == pytest.approx(1.0)
+    assert _lr_factor(0.55, 0.1) == pytest.approx(0.5)
+    assert _lr_factor(1.0, 0.1) == pytest.approx(0.0, abs=1e-12)
+    assert _lr_factor(0.5, 0.0) == pytest.approx(0.5)
+
+
+def test_augment_keeps_shape_and_content() -> None:
+    x = torch.arange(2 * 3 * 8 * 8, dtype=torch.float32).view(2, 3, 8, 8)
+    out = _augment(x, torch.Generator().manual_seed(0))
+    assert out.shape == x.shape
+    assert not torch.equal(out, x)
+
+
+def test_snapshot_epochs_are_pruning_epochs() -> None:
+    spec = parse_methods("infobatch")[0]
+    assert _snapshot_epochs(spec, 8, 3) == {1, 3, 6}  # epochs 1..6 prune (epoch 0 is unscored)
+    assert _snapshot_epochs(parse_methods("baseline")[0], 8, 3) == set()
+    assert _snapshot_epochs(spec, 2, 3) == set()
+
+
+def _run(label: str, seed: int, accs: list[float], times: list[float], loaded: int, bwd: int) -> RunResult:
+    epochs = [
+        EpochRecord(
+            epoch=i, train_time=t, train_cpu_time=t, test_acc=a, test_loss=0.1, train_loss=0.1, steps=1,
+            loaded=loaded, forwarded=loaded, select_forwarded=0, backpropagated=bwd, lr=0.0,
+        )
+        for i, (a, t) in enumerate(zip(accs, times, strict=True))
+    ]  # fmt: skip
+    return RunResult(label=label, kind=label, seed=seed, num_train=100, epochs=epochs)
+
+
+def test_summary_ratios_and_time_to_target() -> None:
+    runs = [
+        _run("baseline", 0, [90.0, 95.0, 98.0], [10.0, 20.0, 30.0], 100, 100),
+        _run("baseline", 1, [90.0, 96.0, 98.2], [10.0, 20.0, 30.0], 100, 100),
+        _run("infobatch", 0, [90.0, 97.95, 98.0], [6.0, 12.0, 20.0], 60, 60),
+        _run("infobatch", 1, [90.0, 97.0, 97.5], [6.0, 12.0, 20.0], 60, 60),
+    ]
+    rows = summarize(runs, tolerance=0.2)
+    base, ib = rows
+    assert base["time_ratio_vs_baseline"] == pytest.approx(1.0)
+    assert base["target_acc"] == pytest.approx(97.9)
+    assert base["time_to_target_s"] == pytest.approx(30.0)
+    assert ib["time_ratio_vs_baseline"] == pytest.approx(20.0 / 30.0)
+    assert ib["work_fraction"] == pytest.approx(0.6)
+    assert ib["ideal_speedup"] == pytest.approx(1 / 0.6)
+    assert ib["achieved_of_ideal"] == pytest.approx(1.5 * 0.6)
+    assert ib["acc_std"] == pytest.approx(math.sqrt(0.125))
+    assert ib["time_to_target_s"] is None and ib["reached_target"] == 1  # seed 1 never reached 97.9
+    table = format_table(rows, 0.2)
+    assert "| infobatch |" in table and "-33%" in table and "- (1/2)" in table
+
+
+def test_selection_work_is_flop_weighted() -> None:
+    run = _run("sb", 0, [90.0], [1.0], 100, 50)
+    run.epochs[0].forwarded = 50
+    run.epochs[0].select_forwarded = 100
+    run.sb_scale = 0.5
+    tot = run.totals()
+    assert tot["forward_fraction"] == pytest.approx(1.5) and tot["backward_fraction"] == pytest.approx(0.5)
+    assert tot["work_fraction"] == pytest.approx((50 + 25 + 100) / 300)
+
+
+def test_micro_update_and_select_run() -> None:
+    rows = micro.bench_update(num_samples=5000, batch_size=64, steps=30)
+    assert [r["what"] for r in rows][0].startswith("loss.mean")
+    assert all(r["us_per_step"] > 0 for r in rows) and "update(loss)" in micro.format_update(rows)
+    rows = micro.bench_select(batch_size=16, steps=2)
+    assert rows[0]["of_full_step"] == 1.0 and "selection pass" in micro.format_select(rows)
+
+
+def test_micro_plan_in_a_subprocess() -> None:
+    rows = micro.bench_plan([20000], repeats=1)
+    assert "error" not in rows[0], rows[0]
+    assert 0 < rows[0]["kept"] < 20000 and rows[0]["plan_s_best"] > 0
+    assert "20,000" in micro.format_plan(rows)
