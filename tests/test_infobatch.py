@@ -215,3 +215,39 @@ def test_state_dict_from_another_dataset_size_is_rejected():
     a, b = InfoBatch(index_data(), 2), InfoBatch(index_data(N + 1), 2)
     with pytest.raises(ValueError, match="same dataset"):
         b.load_state_dict(a.state_dict())
+
+
+def test_out_of_range_indices_in_a_pruning_epoch_are_rejected_before_anything_is_recorded():
+    ds = InfoBatch(index_data(), 4, seed=0)
+    ds.scores.update(torch.arange(N), torch.rand(N, generator=torch.Generator().manual_seed(0)))
+    ds.set_epoch(1)  # a pruning epoch: the weights exist, so the range check rides on their gather
+    assert ds.sampler.current_plan().pruning
+    before = ds.sampler.position()
+    for bad in (torch.tensor([0, N]), torch.tensor([-1, 3]), torch.tensor([5, N + 7], dtype=torch.int32)):
+        with pytest.raises(IndexError, match=f"every index must be in \\[0, {N}\\)"):
+            ds.update(torch.ones(2), bad)
+    assert ds.sampler.position() == before
+    scores_before = ds.scores.values.clone()
+    ds.update(torch.full((2,), 7.0), torch.tensor([3, 4], dtype=torch.int32))
+    assert ds.scores.values[[3, 4]].tolist() == [7.0, 7.0]
+    assert torch.equal(ds.scores.values[5:], scores_before[5:])
+
+
+def test_a_loss_modified_in_place_after_update_is_an_error_not_a_wrong_score():
+    ds = InfoBatch(index_data(), 2)
+    loss = torch.tensor([0.5, 0.25])
+    ds.update(loss, torch.tensor([0, 1]))
+    loss.mul_(100.0)  # after update(): the queued score must not silently become 50
+    with pytest.raises(RuntimeError, match="modified in place"):
+        ds.scores.values  # noqa: B018
+    idx = torch.tensor([2, 3])
+    ds.update(torch.ones(2), idx)
+    idx.add_(10)
+    with pytest.raises(RuntimeError, match="modified in place"):
+        ds.scores.flush()
+    # Modifying a copy is fine, and so is modifying the caller's tensor once scores are stored.
+    loss = torch.tensor([0.5, 0.25])
+    ds.update(loss.clone(), torch.tensor([6, 7]))
+    ds.scores.flush()
+    loss.mul_(3.0)
+    assert ds.scores.values[[6, 7]].tolist() == [0.5, 0.25]

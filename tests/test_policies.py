@@ -31,8 +31,8 @@ def test_weights_are_exact_inverse_of_inclusion_probability():
     scores = torch.arange(1000, dtype=torch.float32)
     for r in (0.1, 0.5, 0.7, 0.3333):
         plan = InfoBatchPolicy(r, num_epochs=4, delta=1.0)(scores, 0, gen())
-        m = round(r * 2**24)
-        expected = 2**24 / (2**24 - m)
+        m = round(r * 2**32)
+        expected = 2**32 / (2**32 - m)
         below = scores < plan.threshold
         assert torch.all(plan.weights[below] == torch.tensor(expected, dtype=torch.float32))
         assert torch.all(plan.weights[~below] == 1.0)
@@ -117,3 +117,35 @@ def test_bad_hyperparameters(kwargs, match):
     args = dict(prune_ratio=0.5, num_epochs=4, delta=0.875) | kwargs
     with pytest.raises(ValueError, match=match):
         InfoBatchPolicy(**args)
+
+
+@pytest.mark.parametrize("policy", [InfoBatchPolicy, RandomPolicy])
+def test_chunked_planning_matches_the_plan_definition(monkeypatch, policy):
+    import leanbatch.policies as policies
+
+    monkeypatch.setattr(policies, "_CHUNK", 1000)  # many chunks, a ragged last one
+    n = 10_537
+    scores = torch.rand(n, generator=gen(5))
+    scores[::11] = float("nan")
+    plan = policy(0.5, 4, 1.0)(scores, 0, gen(6))
+    kept = plan.kept.long()
+    assert plan.kept.dtype == torch.int32
+    assert torch.all(kept[1:] > kept[:-1]) and kept[0] >= 0 and kept[-1] < n  # sorted, unique, in range
+    dropped = torch.ones(n, dtype=torch.bool)
+    dropped[kept] = False
+    assert not dropped[torch.isnan(scores)].any()  # never scored: never dropped
+    if policy is InfoBatchPolicy:
+        assert not dropped[scores >= plan.threshold].any()
+        candidates = scores < plan.threshold
+    else:
+        candidates = ~torch.isnan(scores)
+    up = plan.weights > 1.0
+    assert torch.equal(up, candidates)  # the weight marks exactly the candidates
+    assert torch.all(plan.weights[~candidates] == 1.0)
+    q = 1.0 - 1.0 / float(plan.weights[candidates][0])
+    rate = dropped[candidates].float().mean().item()
+    sd = math.sqrt(q * (1 - q) / int(candidates.sum()))
+    assert abs(rate - q) < 5 * sd
+    # Same generator state, same plan: chunking is deterministic.
+    again = policy(0.5, 4, 1.0)(scores, 0, gen(6))
+    assert torch.equal(again.kept, plan.kept) and torch.equal(again.weights, plan.weights)

@@ -190,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     mu.add_argument("--batch-size", type=_int, default=128)
     mu.add_argument("--num-samples", type=_int, default=60000)
-    mu.add_argument("--steps", type=_int, default=2000)
+    mu.add_argument("--steps", type=_int, default=300, help="steps per timed block")
     mu.add_argument("--device", default="cpu")
     ms = msub.add_parser(
         "select",

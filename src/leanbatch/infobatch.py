@@ -134,26 +134,34 @@ class InfoBatch(Dataset):
         n = loss.shape[0]
         if indices is None:
             idx, plan = self.sampler.claim(n)
-            check = False
-        else:
-            if not isinstance(indices, Tensor):
-                indices = torch.as_tensor(indices)
-            if indices.dim() != 1 or indices.is_floating_point() or indices.dtype == torch.bool:
-                raise TypeError(
-                    f"indices must be a 1-D integer tensor, got {indices.dtype} {tuple(indices.shape)}"
-                )
-            if indices.shape[0] != n:
-                raise ValueError(
-                    f"loss has {n} entries but indices has {indices.shape[0]}: pass one loss per index"
-                )
-            idx = indices
-            plan = self.sampler.note_explicit(n)
-            check = True
-        idx = self.scores.store(idx, loss, check=check)
-        w = self.sampler.weights_on(plan, loss.device)
-        if w is None:
-            return loss.mean()
-        return (loss * w.index_select(0, idx)).mean()
+            w = self.sampler.weights_on(plan, loss.device)
+            idx = self.scores.store(idx, loss, check=False)
+            return loss.mean() if w is None else (loss * w.index_select(0, _on(idx, w))).mean()
+        if not isinstance(indices, Tensor):
+            indices = torch.as_tensor(indices)
+        if indices.dim() != 1 or indices.is_floating_point() or indices.dtype == torch.bool:
+            raise TypeError(
+                f"indices must be a 1-D integer tensor, got {indices.dtype} {tuple(indices.shape)}"
+            )
+        if indices.shape[0] != n:
+            raise ValueError(
+                f"loss has {n} entries but indices has {indices.shape[0]}: pass one loss per index"
+            )
+        w = self.sampler.weights_on(self.sampler.current_plan(), loss.device)
+        w_batch: Tensor | None
+        if w is not None and w.device.type == "cpu" and indices.device.type == "cpu":
+            # Gathering the weights checks the range for free on CPU; the message comes from check_indices.
+            try:
+                w_batch = w.index_select(0, indices.long())
+            except (IndexError, RuntimeError):
+                self.scores.check_indices(indices)
+                raise
+            self.scores.store(indices, loss, check=False)
+        else:  # annealing epochs, or devices: an explicit check (asynchronous on CUDA)
+            idx = self.scores.store(indices, loss, check=True)
+            w_batch = None if w is None else w.index_select(0, _on(idx, w))
+        self.sampler.note_explicit(n)
+        return loss.mean() if w_batch is None else (loss * w_batch).mean()
 
     def next_indices(self, n: int) -> Tensor:
         """Claim the dataset indices (int64, CPU) of the next ``n`` served samples, in order.
@@ -209,3 +217,8 @@ class InfoBatch(Dataset):
             raise ValueError("state_dict must come from InfoBatch.state_dict()")
         self.scores.load_state_dict(state["scores"])
         self.sampler.load_state_dict(state["sampler"])
+
+
+def _on(idx: Tensor, like: Tensor) -> Tensor:
+    """``idx`` on ``like``'s device (asynchronously)."""
+    return idx if idx.device == like.device else idx.to(like.device, non_blocking=True)

@@ -8,8 +8,9 @@ shuffles lazily with a keyed permutation (see :mod:`leanbatch.sampler`).
 Both policies drop each sample independently with a known probability ``q`` and
 give every kept sample the exact inverse of its inclusion probability,
 ``1 / (1 - q)``, as loss weight, so the expected weighted loss over the plan's
-randomness equals the full-data loss. Drop decisions use 24-bit integers, so
-``q`` is exactly ``m / 2**24`` and the weight is its exact inverse.
+randomness equals the full-data loss. Drop decisions compare uniform 32-bit
+integers with a cut, so ``q`` is exactly ``m / 2**32`` and the weight is its exact
+inverse (rounded once, to float32).
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from torch import Tensor
 
 __all__ = ["Plan", "Policy", "InfoBatchPolicy", "RandomPolicy", "full_plan", "pruning_epochs"]
 
-_BITS = 24
-_SCALE = 1 << _BITS
+_SCALE = 1 << 32  # drop probabilities are multiples of 2**-32
+_CHUNK = 1 << 20  # samples per chunk of random draws and index building
 
 
 @dataclass(frozen=True)
@@ -105,34 +106,50 @@ def _check_common(prune_ratio: float, num_epochs: int, delta: float) -> None:
 
 
 def _drop_mask(candidates: Tensor, q: float, generator: torch.Generator) -> tuple[Tensor, float]:
-    """Drop each candidate with probability exactly ``m / 2**24`` (m = round(q * 2**24)).
+    """Drop each candidate with probability exactly ``m / 2**32`` (m = round(q * 2**32)).
 
-    Returns the drop mask and the weight ``1 / (1 - m / 2**24)`` for kept candidates.
+    Returns the drop mask and the weight ``1 / (1 - m / 2**32)`` for kept candidates. Draws are
+    full-range 64-bit integers read as two uniform int32 each, made in chunks into one reused
+    buffer (a fresh array per epoch would cost a page fault per 4 KiB): about half the time of
+    ``torch.randint`` for the same stream length.
     """
+    n = candidates.numel()
     m = min(max(round(q * _SCALE), 0), _SCALE - 1)
-    draws = torch.randint(0, _SCALE, candidates.shape, dtype=torch.int32, generator=generator)
-    drop = draws < m
-    del draws
+    cut = m - (1 << 31)  # uniform int32 v: P(v < cut) = m / 2**32 exactly
+    drop = torch.empty(n, dtype=torch.bool)
+    draws = torch.empty((min(n, _CHUNK) + 1) // 2, dtype=torch.int64)
+    draws32 = draws.view(torch.int32)
+    for start in range(0, n, _CHUNK):
+        stop = min(n, start + _CHUNK)
+        draws.random_(-(1 << 63), None, generator=generator)
+        torch.lt(draws32[: stop - start], cut, out=drop[start:stop])
     drop &= candidates
     return drop, _SCALE / (_SCALE - m)
 
 
 def _plan_from_drop(epoch: int, drop: Tensor, weights: Tensor, threshold: float | None) -> Plan:
+    """The sorted indices of the samples not dropped, int32 when they fit, built chunk by chunk."""
     n = drop.numel()
-    kept = torch.nonzero(drop.logical_not_()).squeeze(1)  # sorted; int64 only transiently
-    if n < 2**31:
-        kept = kept.to(torch.int32)
+    keep = drop.logical_not_()
+    kept = torch.empty(int(torch.count_nonzero(keep)), dtype=torch.int32 if n < 2**31 else torch.int64)
+    pos = 0
+    for start in range(0, n, _CHUNK):
+        part = torch.nonzero(keep[start : start + _CHUNK]).squeeze(1)  # int64 only per chunk
+        out = kept[pos : pos + part.numel()]
+        out.copy_(part)
+        out += start
+        pos += part.numel()
     return Plan(epoch, n, kept, weights, threshold, True)
 
 
 def _weights(mask: Tensor, w: float) -> Tensor:
-    """float32 weights: ``w`` where ``mask``, 1 elsewhere (one pass)."""
-    return torch.where(mask, torch.tensor(w, dtype=torch.float32), torch.tensor(1.0, dtype=torch.float32))
+    """float32 weights: ``w`` where ``mask``, 1 elsewhere."""
+    return mask.to(torch.float32).mul_(w - 1.0).add_(1.0)
 
 
 def _threshold(scores: Tensor) -> tuple[float | None, int]:
     """Mean of the scored entries and their count (scores hold finite losses or NaN)."""
-    count = scores.numel() - int(torch.isnan(scores).sum())
+    count = scores.numel() - int(torch.count_nonzero(torch.isnan(scores)))
     if count == 0:
         return None, 0
     return float(scores.nansum()) / count, count
@@ -214,7 +231,7 @@ class RandomPolicy:
         threshold, num_scored = _threshold(scores)
         if threshold is None:
             return full_plan(epoch, n)
-        num_below = int((scores < threshold).sum())
+        num_below = int(torch.count_nonzero(scores < threshold))
         q = self.prune_ratio * num_below / num_scored
         scored = ~torch.isnan(scores)
         drop, w = _drop_mask(scored, q, generator)

@@ -71,13 +71,18 @@ class ScoreTable:
         self.ema = None if ema is None else float(ema)
         self._follow_device = device is None
         self.flush_every = 8192
-        self._pending_idx: list[Tensor] = []
-        self._pending_loss: list[Tensor] = []
+        # Queued writes: references, not copies (see store); with each its version counter.
+        self._pending: list[tuple[Tensor, Tensor, int, int]] = []
         self._pending_n = 0
         dev = torch.device("cpu") if device is None else torch.device(device)
         self._values = torch.full((num_samples,), float("nan"), dtype=torch.float32, device=dev)
         self._nonfinite = torch.zeros((), dtype=torch.int64, device=dev)
         self._touched: Tensor | None = None  # distributed: what this rank wrote since the last sync
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Queued writes hold references and version counters that a copy would not keep.
+        self.flush()
+        return dict(self.__dict__)
 
     # ------------------------------------------------------------------ device
     @property
@@ -136,10 +141,12 @@ class ScoreTable:
     def store(self, indices: Tensor, losses: Tensor, check: bool = True) -> Tensor:
         """The per-step path behind :meth:`update`, for callers that validated shapes.
 
-        Queues a detached float32 copy of ``losses``; queued losses are written in
-        one vectorised scatter every few thousand samples and whenever the scores
-        are read (:attr:`values`, :meth:`get`, planning, ``state_dict``), so a
-        step costs a copy and a list append. Returns the indices as an int64
+        Queues references to ``indices`` and the detached ``losses`` (no copy: a step
+        costs a list append); queued losses are written in one vectorised scatter
+        every few thousand samples and whenever the scores are read (:attr:`values`,
+        :meth:`get`, planning, ``state_dict``). Each queued tensor's version counter
+        is recorded, so a tensor modified in place before it is written raises an
+        error instead of storing wrong scores. Returns the indices as an int64
         tensor on the table's device.
         """
         if self._follow_device and losses.device != self._values.device:
@@ -147,8 +154,8 @@ class ScoreTable:
         idx = self._index(indices)
         if check:
             self.check_indices(idx)
-        self._pending_idx.append(idx)
-        self._pending_loss.append(losses.detach().to(self._values.device, torch.float32, copy=True))
+        loss = losses.detach()
+        self._pending.append((idx, loss, idx._version, loss._version))
         self._pending_n += idx.shape[0]
         if self._pending_n >= self.flush_every or self.ema is not None:
             self.flush()
@@ -156,14 +163,28 @@ class ScoreTable:
 
     def flush(self) -> None:
         """Write the queued losses into the table (skipping and counting non-finite ones)."""
-        if not self._pending_idx:
+        pending = self._pending
+        if not pending:
             return
-        if len(self._pending_idx) == 1:
-            idx, new = self._pending_idx[0], self._pending_loss[0]
+        self._pending, self._pending_n = [], 0
+        for i, loss, iv, lv in pending:
+            if i._version != iv or loss._version != lv:
+                raise RuntimeError(
+                    "a loss or indices tensor passed to update() was modified in place before its scores "
+                    "were stored: modify a copy (e.g. loss = loss.clone()) after calling update()"
+                )
+        if len(pending) == 1:
+            idx, new = pending[0][0], pending[0][1]
         else:
-            idx, new = torch.cat(self._pending_idx), torch.cat(self._pending_loss)
-        self._pending_idx, self._pending_loss, self._pending_n = [], [], 0
+            idx, new = torch.cat([p[0] for p in pending]), torch.cat([p[1] for p in pending])
         values = self._values
+        new = new.to(values.device, torch.float32, non_blocking=True)
+        if self.ema is None and values.device.type == "cpu" and bool(torch.isfinite(new.sum())):
+            # All finite (a finite sum says so; an overflowing one takes the path below): one scatter.
+            values.index_put_((idx,), new)
+            if self._touched is not None:
+                self._touched.index_fill_(0, idx, True)
+            return
         finite = torch.isfinite(new)
         if self.ema is not None:  # flushed every step (see store), so no index repeats here
             old = values[idx]
@@ -249,6 +270,6 @@ class ScoreTable:
         values = state["values"]
         if not isinstance(values, Tensor) or values.shape != (self.num_samples,):
             raise ValueError("state_dict['values'] must be a float tensor of shape (num_samples,)")
-        self._pending_idx, self._pending_loss, self._pending_n = [], [], 0
+        self._pending, self._pending_n = [], 0
         self._values = values.to(self._values.device, torch.float32).clone()
         self._nonfinite = torch.tensor(int(state.get("nonfinite", 0)), device=self._values.device)

@@ -19,11 +19,13 @@ import json
 import multiprocessing as mp
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 __all__ = [
     "bench_plan",
@@ -48,7 +50,25 @@ def resident_bytes() -> int:
         return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
 
 
+def _reset_peak() -> bool:
+    """Reset the kernel's peak-RSS mark of this process (Linux); False where that is not possible."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
 def _peak_bytes() -> int:
+    """Peak resident set since the last :func:`_reset_peak` (Linux ``VmHWM``; else since start)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
     import resource
 
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # kilobytes on Linux
@@ -73,61 +93,95 @@ def _fill_scores(ds: Any, n: int, seed: int = 0, chunk: int = 1 << 20) -> None:
         ds.scores.update(torch.arange(start, stop), torch.empty(stop - start).exponential_(generator=g))
 
 
-def _plan_one(n: int, repeats: int, policy: str) -> dict[str, Any]:
+def _plan_one(n: int, repeats: int, policy: str, memory: bool) -> dict[str, Any]:
+    """Time ``repeats`` plans of ``n`` samples, or (``memory``) measure one plan's memory."""
     from leanbatch import InfoBatch
 
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    warm = InfoBatch(_Range(4096), num_epochs=2, delta=1.0, seed=0, policy=policy)  # one-off set-up
+    _fill_scores(warm, 4096)
+    len(warm.sampler)
+    del warm
     gc.collect()
     rss0 = resident_bytes()
     ds = InfoBatch(_Range(n), num_epochs=repeats + 2, prune_ratio=0.5, delta=1.0, seed=0, policy=policy)
     _fill_scores(ds, n)
+    ds.scores.values  # noqa: B018 -- flushes queued writes before the clock starts
     gc.collect()
     rss_scores = resident_bytes()
-    peak_before = _peak_bytes()
+    peak_ok = _reset_peak()
     times = []
     kept = 0
-    for r in range(repeats):
+    for r in range(1 if memory else repeats):
         ds.set_epoch(1 + r)
         t0 = time.perf_counter()
         kept = len(ds.sampler)
         times.append(time.perf_counter() - t0)
+    if not memory:
+        return {
+            "plan_s_best": min(times),
+            "plan_s_all": times,
+            "kept": kept,
+            "threads": torch.get_num_threads(),
+        }
+    peak = _peak_bytes()
     gc.collect()
-    rss_held = resident_bytes()
-    peak = max(_peak_bytes(), peak_before)
     return {
-        "num_samples": n,
-        "policy": policy,
-        "plan_s_best": min(times),
-        "plan_s_all": times,
-        "kept": kept,
-        "held_bytes_per_sample": (rss_held - rss0) / n,
+        "held_bytes_per_sample": (resident_bytes() - rss0) / n,
         "scores_bytes_per_sample": (rss_scores - rss0) / n,
-        "peak_bytes_per_sample": (peak - rss0) / n,
-        "threads": torch.get_num_threads(),
+        "peak_bytes_per_sample": (max(peak, rss_scores) - rss0) / n,
+        "peak_is_planning_only": peak_ok,
     }
 
 
-def _plan_child(n: int, repeats: int, policy: str, queue: Any) -> None:
+def _plan_child(n: int, repeats: int, policy: str, memory: bool, queue: Any) -> None:
     try:
-        queue.put(_plan_one(n, repeats, policy))
+        queue.put(_plan_one(n, repeats, policy, memory))
     except BaseException as e:  # report, never hang the parent
-        queue.put({"num_samples": n, "error": f"{type(e).__name__}: {e}"})
+        queue.put({"error": f"{type(e).__name__}: {e}"})
+
+
+def _in_child(n: int, repeats: int, policy: str, memory: bool) -> dict[str, Any]:
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_plan_child, args=(n, repeats, policy, memory, queue))
+    env = {}
+    if memory:
+        # A fixed glibc mmap threshold: freed large arrays go back to the system at once, so the
+        # resident set counts what is alive, not what the allocator keeps for reuse. Timing runs
+        # in its own child with the allocator's default behaviour, as users have it.
+        env["MALLOC_MMAP_THRESHOLD_"] = str(1 << 17)
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        proc.start()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                del os.environ[k]
+            else:
+                os.environ[k] = v
+    try:
+        row: dict[str, Any] = queue.get()
+    finally:
+        proc.join()
+    if proc.exitcode not in (0, None) and "error" not in row:
+        row["error"] = f"subprocess exited with {proc.exitcode}"
+    return row
 
 
 def bench_plan(sizes: list[int], repeats: int = 3, policy: str = "infobatch") -> list[dict[str, Any]]:
-    """Plan one pruning epoch for each size (in a fresh subprocess); one row per size."""
-    ctx = mp.get_context("spawn")
+    """Plan one pruning epoch for each size; one row per size.
+
+    Each size runs in two fresh subprocesses: one times ``repeats`` plans (best reported), one
+    measures resident memory: held after planning (score table + plan) and the peak while
+    planning, both per sample and above the process's footprint before the scores existed.
+    """
     rows = []
     for n in sizes:
-        queue = ctx.Queue()
-        proc = ctx.Process(target=_plan_child, args=(n, repeats, policy, queue))
-        proc.start()
-        try:
-            row = queue.get()
-        finally:
-            proc.join()
-        if proc.exitcode not in (0, None) and "error" not in row:
-            row["error"] = f"subprocess exited with {proc.exitcode}"
+        row: dict[str, Any] = {"num_samples": n, "policy": policy}
+        row.update(_in_child(n, repeats, policy, memory=False))
+        if "error" not in row:
+            row.update(_in_child(n, repeats, policy, memory=True))
         rows.append(row)
     return rows
 
@@ -160,70 +214,80 @@ def _sync(device: torch.device) -> None:
 
 
 def bench_update(num_samples: int, batch_size: int, steps: int, device: str = "cpu") -> list[dict[str, Any]]:
-    """Microseconds per step: ``loss.mean()``, ``update(loss, idx)`` and ``update(loss)`` in a pruning epoch."""
+    """Microseconds per step of ``update()`` in a pruning epoch, next to two references.
+
+    References: ``loss.mean()`` (what a plain loop does) and the least any InfoBatch update
+    must do (scatter the losses into a score array, gather the batch's weights, weighted
+    mean), written directly. The variants run in alternating blocks of ``steps`` steps
+    (a pruning epoch's worth at most) and the best block of each is reported, so a busy
+    spell of a shared machine does not land on one of them.
+    """
     from leanbatch import InfoBatch
 
     dev = torch.device(device)
-    rows = []
+    gen = torch.Generator().manual_seed(0)
+    losses = [torch.rand(batch_size, generator=gen).to(dev) for _ in range(8)]
 
-    def timed(label: str, fn: Any, prepare: Any) -> None:
-        for i in range(min(20, steps)):  # warm-up
-            fn(*prepare(i))
-        args = [prepare(i) for i in range(steps)]
+    def fresh() -> Any:
+        ds = InfoBatch(_Range(num_samples), num_epochs=1000, prune_ratio=0.5, delta=1.0, seed=0)
+        _fill_scores(ds, num_samples)
+        return ds
+
+    ds_explicit, ds_implicit = fresh(), fresh()
+    scores = torch.rand(num_samples, device=dev)
+    epoch = 0
+
+    def prepare() -> tuple[list[Tensor], Tensor]:
+        """Plan the next epoch of both wrappers; serve ds_implicit's samples as a loader would."""
+        nonlocal epoch
+        epoch += 1
+        ds_explicit.set_epoch(epoch)
+        order = torch.tensor(list(ds_explicit.sampler), dtype=torch.int64)
+        ds_implicit.set_epoch(epoch)
+        it = iter(ds_implicit.sampler)
+        n = min(steps, order.numel() // batch_size)
+        for _ in range(n * batch_size):
+            next(it)
+        batches = [order[i * batch_size : (i + 1) * batch_size].to(dev) for i in range(n)]
+        weights = ds_explicit.sampler.weights_on(ds_explicit.sampler.current_plan(), dev)
+        assert weights is not None
+        return batches, weights
+
+    def block(fn: Any, batches: list[Tensor]) -> float:
         _sync(dev)
         t0 = time.perf_counter()
-        for a in args:
-            fn(*a)
+        for i, idx in enumerate(batches):
+            fn(losses[i % 8], idx)
         _sync(dev)
-        rows.append(
-            {"what": label, "us_per_step": (time.perf_counter() - t0) / steps * 1e6, "batch_size": batch_size}
-        )
+        return (time.perf_counter() - t0) / len(batches) * 1e6
 
-    losses = [torch.rand(batch_size, device=dev) for _ in range(8)]
-
-    def loss_of(i: int) -> torch.Tensor:
-        return losses[i % 8]
-
-    timed("loss.mean() (reference)", lambda loss: loss.mean(), lambda i: (loss_of(i),))
-
-    ds = InfoBatch(_Range(num_samples), num_epochs=10, prune_ratio=0.5, delta=0.875, seed=0)
-    _fill_scores(ds, num_samples)
-    ds.set_epoch(1)
-    order = torch.tensor(list(ds.sampler), dtype=torch.int64)
-    nb = max(1, order.numel() // batch_size)
-    timed(
-        "update(loss, indices)",
-        lambda loss, idx: ds.update(loss, idx),
-        lambda i: (loss_of(i), order[(i % nb) * batch_size : (i % nb + 1) * batch_size]),
-    )
-
-    ds2 = InfoBatch(_Range(num_samples), num_epochs=10, prune_ratio=0.5, delta=0.875, seed=0)
-    _fill_scores(ds2, num_samples)
-    ds2.set_epoch(1)
-    it = iter(ds2.sampler)
-    total = len(ds2.sampler)
-    n_steps = min(steps, total // batch_size)
-    for _ in range(n_steps * batch_size):  # served by the sampler, as a DataLoader would
-        next(it)
-    _sync(dev)
-    t0 = time.perf_counter()
-    for i in range(n_steps):
-        ds2.update(loss_of(i))
-    _sync(dev)
-    rows.append(
-        {
-            "what": "update(loss) (implicit indices)",
-            "us_per_step": (time.perf_counter() - t0) / n_steps * 1e6,
-            "batch_size": batch_size,
+    best: dict[str, float] = {}
+    for r in range(8):
+        batches, weights = prepare()
+        variants: dict[str, Callable[..., Any]] = {
+            "loss.mean() (plain loop)": lambda loss, idx: loss.mean(),
+            "least an update does: scatter, gather, weighted mean": lambda loss, idx, w=weights: (
+                scores.index_put_((idx,), loss.detach()),
+                (loss * w.index_select(0, idx)).mean(),
+            ),
+            "update(loss, indices)": lambda loss, idx: ds_explicit.update(loss, idx),
+            "update(loss) (indices from the sampler)": lambda loss, idx: ds_implicit.update(loss),
         }
-    )
-    return rows
+        for label, fn in variants.items():
+            t = block(fn, batches)
+            if r > 0:  # the first round warms up
+                best[label] = min(best.get(label, float("inf")), t)
+    return [{"what": k, "us_per_step": v, "batch_size": batch_size} for k, v in best.items()]
 
 
 def format_update(rows: list[dict[str, Any]]) -> str:
     """Markdown table of :func:`bench_update`'s rows."""
-    out = [f"| per step (batch of {rows[0]['batch_size']}) | microseconds |", "|---|---:|"]
-    out += [f"| {r['what']} | {r['us_per_step']:.1f} |" for r in rows]
+    ref = next((r["us_per_step"] for r in rows if r["what"].startswith("least")), None)
+    out = [f"| per step (batch of {rows[0]['batch_size']}) | microseconds | vs least |", "|---|---:|---:|"]
+    for r in rows:
+        ratio = f"{r['us_per_step'] / ref:.2f}" if ref else "-"
+        out.append(f"| {r['what']} | {r['us_per_step']:.1f} | {ratio} |")
+    out.append("\nbest block of each variant over alternating rounds")
     return "\n".join(out)
 
 
