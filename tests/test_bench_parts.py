@@ -114,7 +114,7 @@ def test_summary_ratios_and_time_to_target() -> None:
     assert ib["acc_std"] == pytest.approx(math.sqrt(0.125))
     assert ib["time_to_target_s"] is None and ib["reached_target"] == 1  # seed 1 never reached 97.9
     table = format_table(rows, 0.2)
-    assert "| infobatch |" in table and "-33%" in table and "- (1/2)" in table
+    assert "| infobatch |" in table and "-33.3%" in table and "- (1/2)" in table
 
 
 def test_selection_work_is_flop_weighted() -> None:

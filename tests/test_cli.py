@@ -74,7 +74,7 @@ def test_bench_prints_a_row_per_method(tiny_run: tuple[int, str, Path]) -> None:
     assert [row.split("|")[1].strip() for row in table[1:]] == METHODS
     assert "achieved" in table[0] and "t->target" in table[0]
     base = table[1].split("|")
-    assert base[4].strip() == "+0%" and base[8].strip() == "1.00"  # vs base, actual x
+    assert base[4].strip() == "+0.0%" and base[8].strip() == "1.00"  # vs base, actual x
 
 
 def test_results_json_schema(tiny_run: tuple[int, str, Path]) -> None:

@@ -136,7 +136,7 @@ def format_table(rows: Sequence[dict[str, Any]], tolerance: float = 0.2) -> str:
                 r["method"],
                 f"{r['acc_mean']:.2f} ± {r['acc_std']:.2f}",
                 _fmt(r["train_time_s_mean"], ".1f"),
-                "-" if ratio is None else f"{(ratio - 1) * 100:+.0f}%",
+                "-" if ratio is None else f"{(ratio - 1) * 100:+.1f}%",
                 _fmt(r["forward_fraction"], ".2f"),
                 _fmt(r["backward_fraction"], ".2f"),
                 _fmt(r["ideal_speedup"], ".2f"),
