@@ -55,10 +55,12 @@ class Plan:
 
     @property
     def num_kept(self) -> int:
+        """Samples served this epoch."""
         return self.num_samples if self.kept is None else int(self.kept.numel())
 
     @property
     def num_pruned(self) -> int:
+        """Samples skipped this epoch."""
         return self.num_samples - self.num_kept
 
 

@@ -87,6 +87,7 @@ class ScoreTable:
     # ------------------------------------------------------------------ device
     @property
     def device(self) -> torch.device:
+        """Where the scores live."""
         return self._values.device
 
     def to(self, device: torch.device | str) -> ScoreTable:

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["DataSplit", "DataError", "BUILTIN_DATASETS", "load_data", "looks_like_path"]
+__all__ = ["DataSplit", "DataError", "IndexDataset", "BUILTIN_DATASETS", "load_data", "looks_like_path"]
 
 BUILTIN_DATASETS = ("mnist-5k", "digits")
 _IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
@@ -79,6 +79,25 @@ class DataSplit:
             "num_classes": self.num_classes,
             "shape": list(self.x_train.shape[1:]),
         }
+
+
+class IndexDataset(torch.utils.data.Dataset):
+    """A dataset of ``n`` indices: what InfoBatch wraps when batches are gathered from tensors.
+
+    Example:
+        >>> ds = IndexDataset(3)
+        >>> len(ds), ds[2]
+        (3, 2)
+    """
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, index: int) -> int:
+        return index
 
 
 def looks_like_path(spec: str) -> bool:

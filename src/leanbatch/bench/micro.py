@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from leanbatch.bench.data import IndexDataset
+
 __all__ = [
     "bench_plan",
     "bench_update",
@@ -74,17 +76,6 @@ def _peak_bytes() -> int:
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # kilobytes on Linux
 
 
-class _Range(torch.utils.data.Dataset):
-    def __init__(self, n: int):
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, i: int) -> int:
-        return i
-
-
 def _fill_scores(ds: Any, n: int, seed: int = 0, chunk: int = 1 << 20) -> None:
     """Exponentially distributed losses (skewed like real ones), written in chunks to keep memory flat."""
     g = torch.Generator().manual_seed(seed)
@@ -97,13 +88,13 @@ def _plan_one(n: int, repeats: int, policy: str, memory: bool) -> dict[str, Any]
     """Time ``repeats`` plans of ``n`` samples, or (``memory``) measure one plan's memory."""
     from leanbatch import InfoBatch
 
-    warm = InfoBatch(_Range(4096), num_epochs=2, delta=1.0, seed=0, policy=policy)  # one-off set-up
+    warm = InfoBatch(IndexDataset(4096), num_epochs=2, delta=1.0, seed=0, policy=policy)  # one-off set-up
     _fill_scores(warm, 4096)
     len(warm.sampler)
     del warm
     gc.collect()
     rss0 = resident_bytes()
-    ds = InfoBatch(_Range(n), num_epochs=repeats + 2, prune_ratio=0.5, delta=1.0, seed=0, policy=policy)
+    ds = InfoBatch(IndexDataset(n), num_epochs=repeats + 2, prune_ratio=0.5, delta=1.0, seed=0, policy=policy)
     _fill_scores(ds, n)
     ds.scores.values  # noqa: B018 -- flushes queued writes before the clock starts
     gc.collect()
@@ -229,7 +220,7 @@ def bench_update(num_samples: int, batch_size: int, steps: int, device: str = "c
     losses = [torch.rand(batch_size, generator=gen).to(dev) for _ in range(8)]
 
     def fresh() -> Any:
-        ds = InfoBatch(_Range(num_samples), num_epochs=1000, prune_ratio=0.5, delta=1.0, seed=0)
+        ds = InfoBatch(IndexDataset(num_samples), num_epochs=1000, prune_ratio=0.5, delta=1.0, seed=0)
         _fill_scores(ds, num_samples)
         return ds
 

@@ -52,14 +52,13 @@ def write_plots(payload: dict[str, Any], out_dir: Path) -> list[Path]:
     final = [row["acc_mean"] for row in payload["summary"]]
     lo = min(min(final) - 2.0, sorted(accs)[len(accs) // 4]) if accs else 0.0
     ax.set_ylim(max(lo, 0.0), min(100.0, max(accs) + 0.5))
-    ax.set_xlabel("training wall-clock (s, evaluation excluded)")
-    ax.set_ylabel("test accuracy (%)")
-    ax.set_title(f"Test accuracy vs time: {title}")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
+    _label(
+        ax,
+        "training wall-clock (s, evaluation excluded)",
+        "test accuracy (%)",
+        f"Test accuracy vs time: {title}",
+    )
     written.append(_save(fig, out_dir / "accuracy_vs_time.png"))
-    plt.close(fig)
 
     # fraction of data forwarded / backpropagated per epoch
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -74,14 +73,8 @@ def write_plots(payload: dict[str, Any], out_dir: Path) -> list[Path]:
                 epochs, bwd, ls="--", marker="x", ms=3, color=line.get_color(), label=f"{label}: backprop"
             )
     ax.set_ylim(0, 1.05)
-    ax.set_xlabel("epoch")
-    ax.set_ylabel("fraction of the training set")
-    ax.set_title(f"Data kept per epoch: {title}")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
+    _label(ax, "epoch", "fraction of the training set", f"Data kept per epoch: {title}")
     written.append(_save(fig, out_dir / "kept_per_epoch.png"))
-    plt.close(fig)
 
     # loss histograms with the pruning threshold
     hist_run = _histogram_run(payload)
@@ -102,9 +95,7 @@ def write_plots(payload: dict[str, Any], out_dir: Path) -> list[Path]:
             ax.set_xlabel("per-sample loss (score)")
         axes[0][0].set_ylabel("samples")
         fig.suptitle(f"{hist_run['method']} (seed {hist_run['seed']}): scores the epoch was planned from")
-        fig.tight_layout()
         written.append(_save(fig, out_dir / "loss_histograms.png"))
-        plt.close(fig)
     return written
 
 
@@ -121,6 +112,19 @@ def _histogram_run(payload: dict[str, Any]) -> dict[str, Any] | None:
     return runs[0] if runs else None
 
 
+def _label(ax: Any, xlabel: str, ylabel: str, title: str) -> None:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+
+
 def _save(fig: Any, path: Path) -> Path:
+    """Lay out, write and close ``fig``."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
     fig.savefig(path, dpi=110)
+    plt.close(fig)
     return path

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from leanbatch.bench.data import DataSplit
+from leanbatch.bench.data import DataSplit, IndexDataset
 from leanbatch.bench.methods import MethodSpec
 from leanbatch.bench.models import build_model, default_model_name
 
@@ -331,7 +331,7 @@ class Trainer:
         if spec.prunes:
             # The wrapper only needs the length: batches come from the in-memory tensors by index.
             self.ds = InfoBatch(
-                _IndexDataset(data.num_train),
+                IndexDataset(data.num_train),
                 cfg.epochs,
                 prune_ratio=spec.prune_ratio,
                 delta=spec.delta,
@@ -529,16 +529,3 @@ def _snapshot_epochs(spec: MethodSpec, epochs: int, count: int) -> set[int]:
         return {last}
     picks = {1 + (k * (last - 1)) // (count - 1) for k in range(count)}
     return {p for p in picks if 1 <= p <= last}
-
-
-class _IndexDataset(torch.utils.data.Dataset):
-    """A dataset of ``n`` indices: what InfoBatch wraps when batches are gathered from tensors."""
-
-    def __init__(self, n: int):
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, index: int) -> int:
-        return index
