@@ -234,6 +234,8 @@ def test_out_of_range_indices_in_a_pruning_epoch_are_rejected_before_anything_is
 
 
 def test_a_loss_modified_in_place_after_update_is_an_error_not_a_wrong_score():
+    from leanbatch import ScoreTable
+
     ds = InfoBatch(index_data(), 2)
     loss = torch.tensor([0.5, 0.25])
     ds.update(loss, torch.tensor([0, 1]))
@@ -242,12 +244,29 @@ def test_a_loss_modified_in_place_after_update_is_an_error_not_a_wrong_score():
         ds.scores.values  # noqa: B018
     idx = torch.tensor([2, 3])
     ds.update(torch.ones(2), idx)
-    idx.add_(10)
-    with pytest.raises(RuntimeError, match="modified in place"):
-        ds.scores.flush()
+    idx.add_(10)  # indices are copied: changing the caller's tensor afterwards changes nothing
+    assert ds.scores.values[[2, 3]].tolist() == [1.0, 1.0] and ds.scores.values[[12, 13]].isnan().all()
     # Modifying a copy is fine, and so is modifying the caller's tensor once scores are stored.
     loss = torch.tensor([0.5, 0.25])
     ds.update(loss.clone(), torch.tensor([6, 7]))
     ds.scores.flush()
     loss.mul_(3.0)
     assert ds.scores.values[[6, 7]].tolist() == [0.5, 0.25]
+    # The low-level store() queues the caller's indices by reference: changing them is caught too.
+    table = ScoreTable(10)
+    idx = torch.tensor([1, 2])
+    table.store(idx, torch.ones(2))
+    idx.add_(1)
+    with pytest.raises(RuntimeError, match="modified in place"):
+        table.flush()
+
+
+def test_explicit_indices_aliasing_a_reused_numpy_array_are_stored_as_they_were():
+    np = pytest.importorskip("numpy")
+    ds = InfoBatch(index_data(), 2)
+    buf = np.array([0, 1], dtype=np.int64)
+    ds.update(torch.tensor([0.5, 0.25]), torch.from_numpy(buf))
+    buf[:] = [8, 9]  # the loop reuses its index array: torch sees no in-place op
+    ds.update(torch.tensor([0.75, 0.125]), torch.from_numpy(buf))
+    v = ds.scores.values
+    assert v[[0, 1, 8, 9]].tolist() == [0.5, 0.25, 0.75, 0.125]

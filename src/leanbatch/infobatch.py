@@ -147,12 +147,16 @@ class InfoBatch(Dataset):
             raise ValueError(
                 f"loss has {n} entries but indices has {indices.shape[0]}: pass one loss per index"
             )
+        if indices.device.type == "cpu":
+            # Our own copy: a caller's CPU tensor can alias memory that changes without torch
+            # knowing (torch.from_numpy of a reused array), which no version check would see.
+            indices = indices.clone() if indices.dtype == torch.int64 else indices.long()
         w = self.sampler.weights_on(self.sampler.current_plan(), loss.device)
         w_batch: Tensor | None
         if w is not None and w.device.type == "cpu" and indices.device.type == "cpu":
             # Gathering the weights checks the range for free on CPU; the message comes from check_indices.
             try:
-                w_batch = w.index_select(0, indices.long())
+                w_batch = w.index_select(0, indices)
             except (IndexError, RuntimeError):
                 self.scores.check_indices(indices)
                 raise

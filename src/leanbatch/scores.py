@@ -137,6 +137,8 @@ class ScoreTable:
                 f"losses has {losses.shape[0]} entries but indices has {indices.shape[0]}: "
                 "pass one per-sample loss per index"
             )
+        if indices.device.type == "cpu":  # a copy: CPU memory can change behind torch's back (numpy)
+            indices = indices.clone() if indices.dtype == torch.int64 else indices.long()
         self.store(indices, losses)
 
     def store(self, indices: Tensor, losses: Tensor, check: bool = True) -> Tensor:
@@ -147,8 +149,9 @@ class ScoreTable:
         every few thousand samples and whenever the scores are read (:attr:`values`,
         :meth:`get`, planning, ``state_dict``). Each queued tensor's version counter
         is recorded, so a tensor modified in place before it is written raises an
-        error instead of storing wrong scores. Returns the indices as an int64
-        tensor on the table's device.
+        error instead of storing wrong scores; callers pass CPU indices they own
+        (the sampler's, or a copy), since memory shared with numpy changes without
+        a version bump. Returns the indices as an int64 tensor on the table's device.
         """
         if self._follow_device and losses.device != self._values.device:
             self.to(losses.device)
