@@ -145,8 +145,8 @@ def _plan_from_drop(epoch: int, drop: Tensor, weights: Tensor, threshold: float 
 
 
 def _weights(mask: Tensor, w: float) -> Tensor:
-    """float32 weights: ``w`` where ``mask``, 1 elsewhere."""
-    return mask.to(torch.float32).mul_(w - 1.0).add_(1.0)
+    """float32 weights: ``w`` where ``mask``, 1 elsewhere; ``w`` (>= 1) rounded once, exactly as float32(w)."""
+    return mask.to(torch.float32).mul_(w).clamp_(min=1.0)
 
 
 def _threshold(scores: Tensor) -> tuple[float | None, int]:
