@@ -13,7 +13,7 @@ import os
 import shlex
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -206,11 +206,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # ---------------------------------------------------------------------------- bench
-def _parse_seeds(text: str) -> list[int]:
+def _int_list(text: str, option: str, positive: bool = False, parse: Callable[[str], int] = int) -> list[int]:
+    """The comma-separated integers of ``option``, each read with ``parse``."""
     try:
-        seeds = [int(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise CLIError(f"--seeds must be comma-separated integers, got {text!r}") from None
+        values = [parse(v) for v in text.split(",") if v.strip()]
+    except (ValueError, OverflowError):
+        raise CLIError(f"{option} must be comma-separated integers, got {text!r}") from None
+    if positive and (not values or min(values) < 1):
+        raise CLIError(f"{option} must be positive integers, got {text!r}")
+    return values
+
+
+def _parse_seeds(text: str) -> list[int]:
+    seeds = _int_list(text, "--seeds")
     if not seeds:
         raise CLIError("--seeds is empty")
     if len(set(seeds)) != len(seeds):
@@ -219,15 +227,7 @@ def _parse_seeds(text: str) -> list[int]:
 
 
 def _parse_widths(text: str | None) -> tuple[int, ...] | None:
-    if text is None:
-        return None
-    try:
-        widths = tuple(int(w) for w in text.split(",") if w.strip())
-    except ValueError:
-        raise CLIError(f"--widths must be comma-separated integers, got {text!r}") from None
-    if not widths or min(widths) < 1:
-        raise CLIError(f"--widths must be positive integers, got {text!r}")
-    return widths
+    return None if text is None else tuple(_int_list(text, "--widths", positive=True))
 
 
 def _resolve_device(name: str) -> str:
@@ -406,12 +406,7 @@ def run_micro(args: argparse.Namespace) -> int:
     if args.micro is None:
         raise CLIError("micro needs a benchmark: plan, update or select (see leanbatch micro --help)")
     if args.micro == "plan":
-        try:
-            sizes = [int(float(s)) for s in args.sizes.split(",") if s.strip()]
-        except ValueError:
-            raise CLIError(f"--sizes must be comma-separated integers, got {args.sizes!r}") from None
-        if not sizes or min(sizes) < 1:
-            raise CLIError(f"--sizes must be positive integers, got {args.sizes!r}")
+        sizes = _int_list(args.sizes, "--sizes", positive=True, parse=lambda v: int(float(v)))  # 1e8 too
         rows = micro.bench_plan(sizes, repeats=args.repeats, policy=args.policy)
         print(micro.format_plan(rows))
     elif args.micro == "update":
