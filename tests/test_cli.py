@@ -206,6 +206,9 @@ def _cifar_like(root: Path) -> Path:
         (["--epochs", "two"], "argument --epochs: expected an integer, got 'two'"),
         (["--batch-size", "5000"], "larger than the training set (320 samples)"),
         (["--seeds", "a,b"], "--seeds must be comma-separated integers"),
+        (["--seeds", "1,1"], "--seeds lists a seed twice"),
+        (["--widths", "16.5,32"], "--widths must be comma-separated integers"),
+        (["--widths", "8,0"], "--widths must be positive integers"),
         (["--device", "tpu"], "device"),
     ],
 )
@@ -295,3 +298,11 @@ def test_help_lists_the_subcommands(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     assert "bench" in out and "micro" in out
     assert cli.main([]) == 2
+
+
+@pytest.mark.parametrize(("sizes", "needle"), [("0", "positive"), ("x,2", "comma-separated integers")])
+def test_micro_plan_bad_sizes_are_one_line(
+    sizes: str, needle: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = _run(["micro", "plan", "--sizes", sizes], capsys)
+    assert code == 2 and err.count("\n") == 1 and f"--sizes must be {needle}" in err and not out
