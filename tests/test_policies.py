@@ -4,6 +4,8 @@ import math
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from leanbatch.policies import InfoBatchPolicy, RandomPolicy, pruning_epochs
 
@@ -68,7 +70,7 @@ def test_random_policy_matches_infobatch_work_but_uniform():
     rnd = RandomPolicy(0.5, 4, 1.0)(scores, 0, gen(0))
     assert rnd.num_pruned == pytest.approx(ib.num_pruned, rel=0.05)
     # InfoBatch never prunes high-loss samples; random pruning does, in proportion.
-    assert torch.all(ib.kept >= 0) and int((ib.kept >= 9000).sum()) == 1000
+    assert int((ib.kept >= 9000).sum()) == 1000
     high_kept = int((rnd.kept >= 9000).sum())
     assert 400 < high_kept < 700
 
@@ -83,24 +85,117 @@ def test_same_generator_same_plan_and_global_rng_untouched():
     assert torch.equal(a.kept, b.kept) and not torch.equal(a.kept, c.kept)
 
 
-@pytest.mark.parametrize("policy_cls", [InfoBatchPolicy, RandomPolicy])
-def test_expected_weighted_gradient_equals_full_gradient(policy_cls):
-    """Monte Carlo over the plan's randomness: E[sum_kept w_i g_i] = sum_i g_i."""
-    torch.manual_seed(0)
-    n, d, trials = 400, 3, 4000
-    grads = torch.randn(n, d, dtype=torch.float64)  # per-sample gradients
-    scores = torch.rand(n) ** 3  # skewed losses: most samples below the mean
-    full = grads.sum(0)
-    pol = policy_cls(0.7, num_epochs=2, delta=1.0)
-    sums = torch.empty(trials, d, dtype=torch.float64)
+def _estimates(policy, scores: torch.Tensor, g: torch.Tensor, trials: int, weight_error: float = 1.0):
+    """The weighted sum over each plan's kept samples, sum_kept w_i g_i, over ``trials`` seeds."""
+    out = torch.empty(trials, dtype=torch.float64)
     for t in range(trials):
-        plan = pol(scores, 0, gen(t))
+        plan = policy(scores, 0, gen(t))
         k = plan.kept.long()
-        sums[t] = (grads[k] * plan.weights[k, None].double()).sum(0)
-    mean, sem = sums.mean(0), sums.std(0) / math.sqrt(trials)
-    assert torch.all((mean - full).abs() < 4 * sem), (mean, full, sem)
-    # and the estimator is not trivially the full sum: it has real variance
-    assert torch.all(sem > 1e-3)
+        w = plan.weights[k].double()
+        w = torch.where(w > 1, w * weight_error, w)  # a plausible bug: a rescaling off by a few %
+        out[t] = (g[k] * w).sum()
+    return out
+
+
+@pytest.mark.parametrize("policy_cls", [InfoBatchPolicy, RandomPolicy])
+def test_the_weighted_sum_is_unbiased_and_a_5_percent_weight_error_is_caught(policy_cls):
+    """E[sum_kept w_i g_i] = sum_i g_i, with per-sample "gradients" g_i > 0 (not zero-mean, so a
+    wrong weight or a wrong drop probability moves the mean by a share of the total)."""
+    n = 100_000
+    scores = torch.empty(n).exponential_(generator=gen(1))
+    g = (1.0 + scores).double()  # correlated with the loss, as gradients are
+    total = float(g.sum())
+    pol = policy_cls(0.6, num_epochs=2, delta=1.0)
+    est = _estimates(pol, scores, g, trials=12)
+    sem = float(est.std() / math.sqrt(len(est)))
+    assert abs(float(est.mean()) - total) < 5 * sem
+    for err in (0.95, 1.05):  # the same statistic, with the weights 5% off: far outside
+        bad = _estimates(pol, scores, g, trials=12, weight_error=err)
+        assert abs(float(bad.mean()) - total) > 25 * sem
+
+
+@pytest.mark.parametrize("policy_cls", [InfoBatchPolicy, RandomPolicy])
+def test_inclusion_frequencies_match_the_promised_probabilities(policy_cls):
+    """Measured over many planned epochs, not recomputed from the code's formula: each sample's
+    inclusion frequency is 1 / its weight (1 for samples that are never dropped)."""
+    n, epochs = 2000, 400
+    scores = torch.rand(n, generator=gen(2)) ** 2
+    scores[::97] = float("nan")  # never scored: always kept
+    pol = policy_cls(0.5, num_epochs=2, delta=1.0)
+    counts = torch.zeros(n)
+    promised = None
+    for t in range(epochs):
+        plan = pol(scores, 0, gen(100 + t))
+        counts[plan.kept.long()] += 1
+        promised = 1.0 / plan.weights.double() if promised is None else promised
+        assert torch.equal(1.0 / plan.weights.double(), promised)  # same scores: same probabilities
+    freq = counts.double() / epochs
+    sure = promised == 1.0
+    assert torch.all(freq[sure] == 1.0)
+    assert torch.all(freq[torch.isnan(scores)] == 1.0)
+    p = promised[~sure]
+    pooled_sd = math.sqrt(float((p * (1 - p)).sum()) / epochs) / len(p)  # sd of the pooled mean frequency
+    pooled = float(freq[~sure].mean() - p.mean())
+    assert abs(pooled) < 5 * pooled_sd
+    assert 0.05 * float(p.mean()) > 20 * pooled_sd  # a 5% error in the inclusion probability: > 20 sd
+    z = (freq[~sure] - p) / torch.sqrt(p * (1 - p) / epochs)  # per sample: no sample is treated differently
+    assert float(z.abs().max()) < 5.5 and abs(float(z.mean())) < 0.1 and 0.8 < float(z.std()) < 1.2
+
+
+def test_random_pruning_never_plans_an_empty_epoch_and_stays_unbiased():
+    """99 scores of 0.01 and one of 100 at prune_ratio 0.99: every sample is a candidate with drop
+    probability 0.98, so about 13% of unconditioned draws would keep nothing."""
+    scores = torch.tensor([0.01] * 99 + [100.0])
+    pol = RandomPolicy(0.99, num_epochs=2, delta=1.0)
+    sizes = [pol(scores, 0, gen(t)).num_kept for t in range(1000)]
+    assert min(sizes) >= 1
+    # Small cases, where conditioning on a non-empty plan changes the weights a lot: the
+    # inclusion frequency and the weighted sum match the conditional probability exactly.
+    for n, ratio in ((2, 0.99), (3, 0.9), (5, 0.99)):
+        small = torch.arange(1.0, n + 1)
+        pol = RandomPolicy(ratio, num_epochs=2, delta=1.0)
+        trials = 10_000
+        counts = torch.zeros(n)
+        est = torch.empty(trials, dtype=torch.float64)
+        w = None
+        for t in range(trials):
+            plan = pol(small, 0, gen(t))
+            k = plan.kept.long()
+            assert k.numel() >= 1
+            counts[k] += 1
+            w = float(plan.weights[0])
+            est[t] = (small.double()[k] * plan.weights[k].double()).sum()
+        below = int((small < small.mean()).sum())
+        q = round(ratio * below / n * 2**32) / 2**32
+        p = (1 - q) / (1 - q**n)  # inclusion probability given at least one kept
+        assert w == pytest.approx(1 / p, rel=1e-6)
+        sd = math.sqrt(p * (1 - p) / trials)
+        assert torch.all((counts / trials - p).abs() < 5 * sd)
+        sem = float(est.std()) / math.sqrt(trials)
+        assert abs(float(est.mean()) - float(small.sum())) < 5 * sem
+
+
+@given(
+    n=st.integers(1, 300),
+    ratio=st.floats(0.0, 0.999),
+    kind=st.sampled_from(["uniform", "spike", "constant", "some_nan", "tiny"]),
+    seed=st.integers(0, 2**31),
+)
+@settings(max_examples=200, deadline=None)
+def test_no_policy_ever_plans_an_empty_epoch(n, ratio, kind, seed):
+    g = gen(seed)
+    scores = {
+        "uniform": torch.rand(n, generator=g),
+        "spike": torch.cat([torch.full((n - 1,), 0.01), torch.tensor([100.0])])[:n],
+        "constant": torch.full((n,), 3.0),
+        "some_nan": torch.where(torch.rand(n, generator=g) < 0.5, float("nan"), torch.rand(n, generator=g)),
+        "tiny": torch.rand(n, generator=g) * 1e-30,
+    }[kind]
+    for policy_cls in (InfoBatchPolicy, RandomPolicy):
+        plan = policy_cls(ratio, num_epochs=4, delta=1.0)(scores, 0, gen(seed + 1))
+        assert plan.num_kept >= 1
+        if plan.weights is not None:
+            assert torch.all(plan.weights >= 1.0) and torch.all(torch.isfinite(plan.weights))
 
 
 @pytest.mark.parametrize(

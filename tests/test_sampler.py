@@ -14,8 +14,8 @@ from leanbatch.sampler import KeyedPermutation
 
 def make(n, scores=None, num_epochs=4, delta=0.75, ratio=0.5, **kw):
     table = ScoreTable(n)
-    if scores is not None:
-        table.update(torch.arange(n), scores)
+    if scores is not None:  # loaded, as every rank loads the same checkpoint: nothing to merge
+        table.load_state_dict({"num_samples": n, "ema": None, "values": scores})
     return PrunedSampler(table, InfoBatchPolicy(ratio, num_epochs, delta), **kw)
 
 
@@ -92,11 +92,33 @@ def test_deterministic_across_objects_and_no_global_rng_use():
 def test_epoch_advances_after_a_full_iteration_without_set_epoch():
     s = make(100, torch.rand(100), num_epochs=4, delta=0.5)
     lens = []
-    for _ in range(4):
-        lens.append(len(s))
-        assert len(list(s)) == lens[-1]
+    for e in range(4):
+        lens.append(len(s))  # read before iter(): the epoch about to be served
+        order = list(s)
+        assert len(order) == lens[-1] and s.epoch == e
+        s.claim(len(order))  # trained
+        assert s.epoch == e + 1
     assert [st["epoch"] for st in s.epoch_stats] == [0, 1, 2, 3]
     assert lens[0] < 100 and lens[1] < 100 and lens[2] == lens[3] == 100
+
+
+def test_an_untrained_iteration_that_ran_out_still_advances_the_next_iter():
+    s = make(100, torch.rand(100), num_epochs=4, delta=0.5)
+    first = list(s)  # served, never trained (a loader that dropped everything)
+    assert s.epoch == 0 and len(s) == len(first)  # len() does not plan ahead of training
+    second = list(s)
+    assert [st["epoch"] for st in s.epoch_stats] == [0, 1] and s.epoch == 1
+    assert len(s) == len(second)
+
+
+def test_ranks_without_a_process_group_refuse_to_plan_from_unmerged_scores():
+    table = ScoreTable(50)
+    s = PrunedSampler(table, InfoBatchPolicy(0.5, 4, 1.0), num_replicas=2, rank=1)
+    assert len(list(s)) == 25  # nothing scored yet: every rank plans the same full epoch
+    table.update(torch.arange(50), torch.rand(50))  # what this rank saw, the other rank did not
+    s.set_epoch(1)
+    with pytest.raises(RuntimeError, match="init_process_group"):
+        len(s)
 
 
 def test_len_does_not_advance_while_batches_are_in_flight():
@@ -110,7 +132,10 @@ def test_len_does_not_advance_while_batches_are_in_flight():
         s.claim(16)
     assert len(s) == 64 and s.epoch == 0  # the last batch has not been updated yet: still epoch 0
     assert s.claim(16)[0].tolist() == served[48:]
-    assert s.epoch == 0 and len(s) == 64 and s.epoch == 1  # all consumed: len() moves to epoch 1
+    assert s.epoch == 1 and s.epoch_stats[-1]["epoch"] == 0  # all trained: epoch 1 is next, not planned yet
+    table.update(torch.arange(64), torch.arange(64.0))
+    assert len(s) == s.plan().num_kept < 64  # planned now, from every score of epoch 0:
+    assert s.epoch_stats[-1]["epoch"] == 1 and s.epoch_stats[-1]["threshold"] == 31.5  # mean of 0..63
 
 
 def test_iter_returns_fresh_generators_and_plans_once():

@@ -33,16 +33,21 @@ def test_infobatch_update_reads_no_value_in_a_pruning_epoch():
     it = iter(DataLoader(ds, batch_size=32, sampler=ds.sampler))
     next(it)  # plans the epoch on the CPU: planning may read values
     ds.scores.to("meta")  # from here on, every tensor of the per-step path is on meta
-    for step in range(12):
+    for step in range(10):
         if step:
             next(it)
         loss = torch.empty(32, device="meta", requires_grad=True)
         out = ds.update(loss)  # indices from the sampler's ledger
         out.backward()
         assert out.device.type == "meta" and loss.grad is not None
+        next(it)
         idx = torch.randint(0, N, (32,)).to("meta")
-        out = ds.update(torch.empty(32, device="meta", requires_grad=True), idx)  # explicit indices
-        out.backward()
         assert ds.weights(idx).device.type == "meta"
+        if step % 2:
+            out = ds.update(torch.empty(32, device="meta", requires_grad=True), idx)  # explicit indices
+        else:  # a selected subset of the batch (Selective Backprop): positions on the device
+            pos = torch.arange(0, 32, 2).to("meta")
+            out = ds.update(torch.empty(16, device="meta", requires_grad=True), idx, positions=pos)
+        out.backward()
     ds.scores.flush()
     assert ds.scores.values.device.type == "meta"

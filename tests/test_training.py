@@ -35,28 +35,56 @@ def train(policy):
     t = [0.0]
     sched = ProgressLR(opt, ds if ds is not None else (lambda: t[0]), cosine(warmup=0.05))
     forwarded = 0
+    audit = []  # per pruning epoch: what was pruned, against the scores the plan was made from
     for epoch in range(EPOCHS):
+        before = ds.scores.values.clone() if ds is not None else None
+        weight_sum = 0.0
+        plan = None
         for k, (x, y) in enumerate(loader):
-            loss = F.cross_entropy(model(x), y, reduction="none")
-            loss = ds.update(loss) if ds is not None else loss.mean()
+            per_sample = F.cross_entropy(model(x), y, reduction="none")
+            if ds is not None:
+                plan = plan or ds.sampler.plan()  # the plan of the epoch being trained
+                w = ds.weights(ds.next_indices(len(y)))
+                loss = ds.update(per_sample)
+                assert torch.allclose(loss, (per_sample * w).mean())  # the returned loss is rescaled
+                weight_sum += float(w.sum())
+            else:
+                loss = per_sample.mean()
             opt.zero_grad()
             loss.backward()
             opt.step()
             t[0] = (epoch + (k + 1) / len(loader)) / EPOCHS
             sched.step()
             forwarded += len(y)
+        if plan is not None and plan.pruning:
+            audit.append((before, plan, weight_sum))
     with torch.no_grad():
         acc = (model(x_test).argmax(1) == y_test).float().mean().item()
-    return acc, forwarded, ds
+    return acc, forwarded, ds, audit
 
 
 def test_infobatch_trains_on_fewer_samples_to_high_accuracy():
-    base_acc, base_fwd, _ = train(None)
-    ib_acc, ib_fwd, ds = train("infobatch")
-    rnd_acc, rnd_fwd, rnd = train("random")
+    base_acc, base_fwd, _, _ = train(None)
+    ib_acc, ib_fwd, ds, ib_audit = train("infobatch")
+    rnd_acc, rnd_fwd, rnd, rnd_audit = train("random")
     assert base_fwd == EPOCHS * 4000
     assert ib_fwd == base_fwd - ds.get_pruned_count()
     assert ib_fwd < 0.85 * base_fwd  # pruned epochs really skip samples
     assert ib_acc > 0.93 and ib_acc > base_acc - 0.01
     assert rnd_acc > 0.9 and rnd_fwd < base_fwd
     assert ds.epoch_stats[-1]["pruning"] is False  # annealing: the last epoch trains on all data
+    assert len(ib_audit) >= 5 and len(rnd_audit) >= 5
+    for (scores, plan, weight_sum), policy in [(a, "infobatch") for a in ib_audit] + [
+        (a, "random") for a in rnd_audit
+    ]:
+        pruned = torch.ones(4000, dtype=torch.bool)
+        pruned[plan.kept.long()] = False
+        high = scores >= plan.threshold
+        if policy == "infobatch":  # only well-learned (below-mean) samples are pruned...
+            assert not pruned[high].any() and pruned[~high].float().mean() > 0.3
+        else:  # ...random pruning takes them from everywhere
+            assert pruned[high].float().mean() > 0.02
+        # The weights of what was trained sum to about N (their expected value), not to the number
+        # of samples kept, as they would without rescaling.
+        kept = plan.num_kept
+        assert kept < 3800 and abs(weight_sum - 4000) < 0.25 * (4000 - kept)

@@ -33,22 +33,26 @@ class InfoBatch(Dataset):
             honest baseline at the same expected work) or a :class:`~leanbatch.policies.Policy`.
         ema: optional EMA momentum for the scores (None keeps the last loss).
         device: where the score table lives; by default it follows the losses.
-        num_replicas, rank, drop_last: data-parallel sharding (defaults from torch.distributed).
+        num_replicas, rank, drop_last: data-parallel sharding (defaults: the process group's,
+            read when an epoch is planned, so the wrapper may be built before ``init_process_group``).
+        process_group: the data-parallel group whose scores are merged (default: the world).
 
     Example:
         >>> import torch, torch.nn.functional as F
         >>> from torch.utils.data import DataLoader, TensorDataset
         >>> data = TensorDataset(torch.randn(64, 3), torch.randint(0, 2, (64,)))
-        >>> ds = InfoBatch(data, num_epochs=2, prune_ratio=0.5, delta=0.5, seed=0)
+        >>> ds = InfoBatch(data, num_epochs=3, prune_ratio=0.5, delta=0.67, seed=0)
         >>> model = torch.nn.Linear(3, 2)
         >>> loader = DataLoader(ds, batch_size=16, sampler=ds.sampler)
-        >>> for epoch in range(2):
+        >>> for epoch in range(3):
         ...     ds.set_epoch(epoch)
         ...     for x, y in loader:
         ...         loss = ds.update(F.cross_entropy(model(x), y, reduction="none"))
         ...         loss.backward()
-        >>> [s["kept"] <= 64 for s in ds.epoch_stats]
-        [True, True]
+        >>> [(s["pruning"], s["kept"] < 64) for s in ds.epoch_stats]   # 0: nothing scored; 2: annealing
+        [(False, False), (True, True), (False, False)]
+        >>> ds.get_pruned_count() == 64 - ds.epoch_stats[1]["kept"], ds.progress
+        (True, 1.0)
     """
 
     def __init__(
@@ -65,6 +69,7 @@ class InfoBatch(Dataset):
         num_replicas: int | None = None,
         rank: int | None = None,
         drop_last: bool = False,
+        process_group: Any = None,
     ):
         if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__getitem__"):
             raise TypeError(
@@ -94,7 +99,13 @@ class InfoBatch(Dataset):
         self.delta = delta
         self.scores = ScoreTable(n, device=device, ema=ema)
         self.sampler = PrunedSampler(
-            self.scores, policy_obj, seed=seed, num_replicas=num_replicas, rank=rank, drop_last=drop_last
+            self.scores,
+            policy_obj,
+            seed=seed,
+            num_replicas=num_replicas,
+            rank=rank,
+            drop_last=drop_last,
+            process_group=process_group,
         )
 
     # ------------------------------------------------------------------ dataset
@@ -117,41 +128,85 @@ class InfoBatch(Dataset):
         """Serve ``epoch`` (0-based) next; same as ``ds.sampler.set_epoch(epoch)``."""
         self.sampler.set_epoch(epoch)
 
-    def update(self, loss: Tensor, indices: Tensor | None = None) -> Tensor:
+    def update(
+        self, loss: Tensor, indices: Tensor | None = None, *, positions: Tensor | None = None
+    ) -> Tensor:
         """Store per-sample losses as scores and return the weighted mean loss.
 
+        Each call is one trained batch: it moves training on by the batch's samples, and
+        the batch is weighted by the plan of the epoch that served it, however far ahead
+        the loader has read.
+
         Args:
-            loss: shape (batch,), one loss per sample, any float dtype, with grad.
+            loss: shape (k,), one loss per sample, any float dtype, with grad.
                 Not modified in place. NaN/Inf entries are not stored (counted in
                 :attr:`nonfinite_count`) but still show in the returned mean.
-            indices: dataset indices of the batch; by default the next ``batch``
-                samples this wrapper's sampler served, in order.
+            indices: the batch's dataset indices, shape (n,); by default the next
+                ``k`` samples this wrapper's sampler served, in order.
+            positions: when only some rows of the batch are trained (Selective
+                Backprop), their rows in the batch, shape (k,), e.g. the
+                ``positions`` that :meth:`SelectiveBackprop.select` returns. ``loss[j]``
+                is then the loss of sample ``indices[positions[j]]`` and the batch
+                still counts as ``n`` trained samples. Needs ``indices`` (from the
+                batch, or :meth:`next_indices` before training it).
 
         Returns:
             ``mean(loss * weight)``: the InfoBatch-rescaled loss to backpropagate.
+
+        Example:
+            >>> import torch
+            >>> from torch.utils.data import DataLoader, TensorDataset
+            >>> ds = InfoBatch(TensorDataset(torch.arange(8.0)), num_epochs=2, seed=0)
+            >>> (x,) = next(iter(DataLoader(ds, batch_size=4, sampler=ds.sampler)))
+            >>> idx = ds.next_indices(4)                   # the batch's dataset indices
+            >>> bool(torch.equal(idx.float(), x))
+            True
+            >>> out = ds.update(torch.tensor([1.0, 3.0]), idx, positions=torch.tensor([0, 2]))
+            >>> float(out), ds.scores.get(idx[[0, 2]]).tolist(), ds.progress   # 4 of 16 samples trained
+            (2.0, [1.0, 3.0], 0.25)
         """
         loss = check_per_sample_loss(loss)
-        n = loss.shape[0]
+        k = loss.shape[0]
         if indices is None:
-            idx, plan = self.sampler.claim(n)
+            if positions is not None:
+                raise TypeError(
+                    "positions= needs the batch's indices: update(loss, indices, positions=...); without "
+                    "indices in the batch, take them with ds.next_indices(len(batch)) before training it"
+                )
+            idx, plan = self.sampler.claim(k)
             w = self.sampler.weights_on(plan, loss.device)
             idx = self.scores.store(idx, loss, check=False)
             return loss.mean() if w is None else (loss * w.index_select(0, _on(idx, w))).mean()
-        if not isinstance(indices, Tensor):
-            indices = torch.as_tensor(indices)
-        if indices.dim() != 1 or indices.is_floating_point() or indices.dtype == torch.bool:
-            raise TypeError(
-                f"indices must be a 1-D integer tensor, got {indices.dtype} {tuple(indices.shape)}"
-            )
-        if indices.shape[0] != n:
-            raise ValueError(
-                f"loss has {n} entries but indices has {indices.shape[0]}: pass one loss per index"
-            )
+        if not isinstance(indices, Tensor) or indices.dtype not in _INDEX_DTYPES or indices.dim() != 1:
+            indices = _check_indices(indices, "indices")  # converts, or raises naming the argument
+        n = indices.shape[0]
+        if positions is None:
+            if n != k:
+                raise ValueError(
+                    f"loss has {k} entries but indices has {n}: pass one loss per index, or positions= "
+                    "(the rows of the batch the losses belong to) for a selected subset"
+                )
+        else:
+            positions = _check_indices(positions, "positions")
+            if positions.shape[0] != k:
+                raise ValueError(
+                    f"loss has {k} entries but positions has {positions.shape[0]}: one position per loss"
+                )
+            if (
+                positions.device.type == "cpu"
+                and k
+                and not 0 <= int(positions.min()) <= int(positions.max()) < n
+            ):
+                raise IndexError(f"positions must be rows of the batch, in [0, {n})")
+        it = self.sampler.serving(n, "update(loss, indices)")  # checked before anything changes
         if indices.device.type == "cpu":
             # Our own copy: a caller's CPU tensor can alias memory that changes without torch
             # knowing (torch.from_numpy of a reused array), which no version check would see.
             indices = indices.clone() if indices.dtype == torch.int64 else indices.long()
-        w = self.sampler.weights_on(self.sampler.current_plan(), loss.device)
+        if positions is not None:
+            indices = _on(indices, positions).index_select(0, positions)
+        plan = self.sampler.plan() if it is None else it.plan
+        w = self.sampler.weights_on(plan, loss.device)
         w_batch: Tensor | None
         if w is not None and w.device.type == "cpu" and indices.device.type == "cpu":
             # Gathering the weights checks the range for free on CPU; the message comes from check_indices.
@@ -164,24 +219,34 @@ class InfoBatch(Dataset):
         else:  # annealing epochs, or devices: an explicit check (asynchronous on CUDA)
             idx = self.scores.store(indices, loss, check=True)
             w_batch = None if w is None else w.index_select(0, _on(idx, w))
-        self.sampler.note_explicit(n)
+        if it is not None:
+            it.take(n, indices=False)
         return loss.mean() if w_batch is None else (loss * w_batch).mean()
 
     def next_indices(self, n: int) -> Tensor:
-        """Claim the dataset indices (int64, CPU) of the next ``n`` served samples, in order.
+        """The dataset indices (int64, CPU) of the next ``n`` samples to train, in serving order.
 
-        What ``update(loss)`` does internally; use it when a loop needs the indices
-        itself, e.g. to stack batch-level selection: claim, then ``update(loss, idx)``.
+        Reads the sampler's ledger without moving training on: use it when a batch does not
+        carry its indices but the loop needs them, e.g. to stack Selective Backprop, then
+        ``update(loss, idx, positions=selected)``.
         """
-        return self.sampler.claim(n)[0]
+        return self.sampler.peek(n)
 
     def weights(self, indices: Tensor) -> Tensor:
-        """The current epoch's loss weights (float32) of dataset ``indices``, on their device."""
+        """The loss weights (float32) of dataset ``indices`` in the batch trained next, on their device."""
         self.scores.check_indices(indices)
-        w = self.sampler.weights_on(self.sampler.current_plan(), indices.device)
+        w = self.sampler.weights_on(self.sampler.plan(), indices.device)
         if w is None:
             return torch.ones(indices.shape, dtype=torch.float32, device=indices.device)
         return w[indices]
+
+    @property
+    def epoch(self) -> int:
+        """The epoch training stands in: the one being trained, or the next once it is fully trained.
+
+        A resumed script restarts its epoch loop here: ``for epoch in range(ds.epoch, num_epochs)``.
+        """
+        return self.sampler.epoch
 
     # ------------------------------------------------------------------ statistics
     @property
@@ -221,6 +286,18 @@ class InfoBatch(Dataset):
             raise ValueError("state_dict must come from InfoBatch.state_dict()")
         self.scores.load_state_dict(state["scores"])
         self.sampler.load_state_dict(state["sampler"])
+
+
+_INDEX_DTYPES = frozenset({torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8})
+
+
+def _check_indices(t: Any, name: str) -> Tensor:
+    """A 1-D integer tensor (lists and numpy arrays converted), or a TypeError naming ``name``."""
+    if not isinstance(t, Tensor):
+        t = torch.as_tensor(t)
+    if t.dim() != 1 or t.dtype not in _INDEX_DTYPES:
+        raise TypeError(f"{name} must be a 1-D integer tensor, got {t.dtype} {tuple(t.shape)}")
+    return t
 
 
 def _on(idx: Tensor, like: Tensor) -> Tensor:

@@ -10,7 +10,9 @@ give every kept sample the exact inverse of its inclusion probability,
 ``1 / (1 - q)``, as loss weight, so the expected weighted loss over the plan's
 randomness equals the full-data loss. Drop decisions compare uniform 32-bit
 integers with a cut, so ``q`` is exactly ``m / 2**32`` and the weight is its exact
-inverse (rounded once, to float32).
+inverse (rounded once, to float32). No plan is ever empty: when every sample could
+be dropped, the draw is conditioned on keeping at least one and the weight is the
+inverse of the conditional inclusion probability, ``(1 - q**n) / (1 - q)``.
 """
 
 from __future__ import annotations
@@ -108,12 +110,17 @@ def _check_common(prune_ratio: float, num_epochs: int, delta: float) -> None:
 
 
 def _drop_mask(candidates: Tensor, q: float, generator: torch.Generator) -> tuple[Tensor, float]:
-    """Drop each candidate with probability exactly ``m / 2**32`` (m = round(q * 2**32)).
+    """Drop each candidate with probability ``q' = m / 2**32`` (m = round(q * 2**32)), never all.
 
-    Returns the drop mask and the weight ``1 / (1 - m / 2**32)`` for kept candidates. Draws are
-    full-range 64-bit integers read as two uniform int32 each, made in chunks into one reused
-    buffer (a fresh array per epoch would cost a page fault per 4 KiB): about half the time of
-    ``torch.randint`` for the same stream length.
+    Returns the drop mask and the weight of a kept candidate: the exact inverse of its
+    inclusion probability. When every sample is a candidate, an epoch with nothing kept is
+    not allowed: the draw is conditioned on keeping at least one (an all-dropped draw is
+    replaced by one from the conditional distribution, see :func:`_redraw_nonempty`), which
+    makes the inclusion probability ``(1 - q') / (1 - q'**n)`` and the weight its inverse.
+
+    Draws are full-range 64-bit integers read as two uniform int32 each, made in chunks into
+    one reused buffer (a fresh array per epoch would cost a page fault per 4 KiB): about half
+    the time of ``torch.randint`` for the same stream length.
     """
     n = candidates.numel()
     m = min(max(round(q * _SCALE), 0), _SCALE - 1)
@@ -126,7 +133,33 @@ def _drop_mask(candidates: Tensor, q: float, generator: torch.Generator) -> tupl
         draws.random_(-(1 << 63), None, generator=generator)
         torch.lt(draws32[: stop - start], cut, out=drop[start:stop])
     drop &= candidates
-    return drop, _SCALE / (_SCALE - m)
+    q_exact = m / _SCALE
+    num_candidates = int(torch.count_nonzero(candidates))
+    if num_candidates < n or m == 0:  # something is always kept: no conditioning needed
+        return drop, _SCALE / (_SCALE - m)
+    p_empty = q_exact**n
+    if p_empty == 0.0:  # an all-dropped draw is impossible in float64 terms: the plain weight
+        return drop, _SCALE / (_SCALE - m)
+    if bool(drop.all()):
+        _redraw_nonempty(drop, q_exact, p_empty, generator)
+    return drop, (1.0 - p_empty) / (1.0 - q_exact)
+
+
+def _redraw_nonempty(drop: Tensor, q: float, p_empty: float, generator: torch.Generator) -> None:
+    """Overwrite ``drop`` (all True) with a draw of i.i.d. drops conditioned on keeping one.
+
+    The first kept position ``j`` follows a geometric law truncated to ``[0, n)``:
+    ``P(j) = q**j (1 - q) / (1 - q**n)``, drawn by inverting its CDF; positions before it are
+    dropped and those after it are drawn independently as usual. Together this is exactly the
+    conditional distribution, so rejection sampling is not needed.
+    """
+    n = drop.numel()
+    u = float(torch.rand((), dtype=torch.float64, generator=generator))
+    j = min(n - 1, int(math.floor(math.log1p(-u * (1.0 - p_empty)) / math.log(q)))) if q > 0 else 0
+    drop[j] = False
+    if j + 1 < n:
+        rest = torch.rand(n - j - 1, dtype=torch.float64, generator=generator)
+        torch.lt(rest, q, out=drop[j + 1 :])
 
 
 def _plan_from_drop(epoch: int, drop: Tensor, weights: Tensor, threshold: float | None) -> Plan:
@@ -213,9 +246,12 @@ class RandomPolicy:
     Example:
         >>> import torch
         >>> pol = RandomPolicy(prune_ratio=0.5, num_epochs=4, delta=0.75)
+        >>> plan = pol(torch.tensor([0.1, 0.2, 3.0, 4.0, float("nan")]), 0, torch.Generator().manual_seed(0))
+        >>> round(plan.weights[0].item(), 4), plan.weights[4].item()   # q = 0.5 * 2/4: 1 / (1 - 0.25)
+        (1.3333, 1.0)
         >>> plan = pol(torch.tensor([0.1, 0.2, 3.0, 4.0]), 0, torch.Generator().manual_seed(0))
-        >>> round(plan.weights[0].item(), 4)   # q = 0.5 * 2/4: weight 1 / (1 - 0.25)
-        1.3333
+        >>> round(plan.weights[0].item(), 4)   # all 4 droppable: never empty, (1 - 0.25**4) / (1 - 0.25)
+        1.3281
     """
 
     prune_ratio: float = 0.5

@@ -7,12 +7,16 @@ lazily, chunk by chunk, while the epoch is iterated, so planning costs O(N)
 vectorised mask arithmetic and no O(N log N) shuffle, and nothing but the kept
 indices (4 bytes each) is held between steps.
 
-It also keeps a ledger of what it served, in order, so that a training loop can
-call ``update(loss)`` without carrying indices in its batches: the n losses of
-the next update belong to the next n served samples. Because the ledger counts
-what is *consumed*, not what the loader has fetched, prefetching consumers
-(workers, Lightning's prefetching loop, accelerate's one-batch-ahead loader, a
-``next()`` ahead) stay aligned.
+Loaders read ahead (worker processes, Lightning's prefetching loop, accelerate's
+one-batch-ahead shard), so "served" and "trained" differ. The sampler keeps a
+ledger per iteration: what it served, in order, and how much of it updates have
+trained. Training, not serving, decides everything that matters: the weights of a
+batch come from the plan of the iteration that served it, ``len()`` and the plan
+stay those of the epoch being trained until all of it is trained, and
+``state_dict`` saves the trained position, so a resumed run serves again what had
+been read ahead but not trained. ``update(loss)`` without indices reads the
+indices of the next n served samples off the ledger; an update with explicit
+indices just counts n.
 """
 
 from __future__ import annotations
@@ -20,103 +24,18 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
 from torch.utils.data import Sampler
 
+from leanbatch.ledger import Iteration
+from leanbatch.permutation import KeyedPermutation, mix_seed
 from leanbatch.policies import Plan, Policy
 from leanbatch.scores import ScoreTable
 
-__all__ = ["PrunedSampler", "KeyedPermutation", "mix_seed"]
-
-_M64 = (1 << 64) - 1
-
-
-def mix_seed(*parts: int) -> int:
-    """Hash integers into one 63-bit seed (splitmix64 chain), independent of Python's hash.
-
-    Example:
-        >>> mix_seed(0, 1) == mix_seed(0, 1) != mix_seed(1, 0)
-        True
-    """
-    x = 0x9E3779B97F4A7C15
-    for p in parts:
-        x = (x ^ (int(p) & _M64)) & _M64
-        x = (x + 0x9E3779B97F4A7C15) & _M64
-        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
-        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
-        x ^= x >> 31
-    return x >> 1
-
-
-class KeyedPermutation:
-    """A keyed pseudo-random bijection of ``range(n)``, evaluated on any positions.
-
-    A six-round Feistel network on the smallest even-bit domain holding ``n``,
-    with cycle walking back into ``range(n)``. Vectorised; costs O(len(positions)).
-
-    Example:
-        >>> import torch
-        >>> p = KeyedPermutation(10, key=7)
-        >>> sorted(p(torch.arange(10)).tolist()) == list(range(10))
-        True
-    """
-
-    _C1 = 0x2545F491
-    _C2 = 0x5851F42D
-
-    def __init__(self, n: int, key: int):
-        if n < 1:
-            raise ValueError(f"n must be >= 1, got {n}")
-        self.n = n
-        bits = max(2, (n - 1).bit_length())
-        bits += bits % 2
-        self._half = bits // 2
-        self._mask = (1 << self._half) - 1
-        self._keys = [mix_seed(key, r) & 0xFFFFFFFF for r in range(6)]
-
-    def _round(self, r: Tensor, k: int) -> Tensor:
-        h = (r ^ k) * self._C1
-        h ^= h >> 29
-        h = (h & 0xFFFFFFFF) * self._C2
-        h ^= h >> 32
-        return h & self._mask
-
-    def _encrypt(self, x: Tensor) -> Tensor:
-        left, right = x >> self._half, x & self._mask
-        for k in self._keys:
-            left, right = right, left ^ self._round(right, k)
-        return (left << self._half) | right
-
-    def __call__(self, positions: Tensor) -> Tensor:
-        x = self._encrypt(positions.to(torch.int64))
-        out = x >= self.n
-        while bool(out.any()):  # CPU only: the sampler runs on the host
-            x[out] = self._encrypt(x[out])
-            out = x >= self.n
-        return x
-
-
-@dataclass
-class _Segment:
-    """One iteration over one epoch's plan: what was served and what was consumed."""
-
-    epoch: int
-    plan: Plan
-    length: int
-    consumed: int
-    produced: int
-    chunks: deque[Tensor] = field(default_factory=deque)
-    offset: int = 0  # into chunks[0]
-    batch: int = 0  # size of the first update of this iteration
-    state: str = "active"  # active | exhausted | closed
-
-    def finished(self) -> bool:
-        remaining = self.length - self.consumed
-        return self.state != "active" and (remaining == 0 or 0 < remaining < self.batch)
+__all__ = ["PrunedSampler", "KeyedPermutation", "mix_seed"]  # the last two live in permutation
 
 
 class PrunedSampler(Sampler[int]):
@@ -126,20 +45,35 @@ class PrunedSampler(Sampler[int]):
     every rank computes the same plan (same scores after a merge, same generator)
     and takes positions ``rank, rank + num_replicas, ...`` of its order; shards
     are padded (wrapping to the start) or, with ``drop_last``, truncated to equal
-    length, and the padding is counted in :attr:`epoch_stats`.
+    length, and the padding is counted in :attr:`epoch_stats`. ``num_replicas`` and
+    ``rank`` default to the process group's, read when an epoch is planned, so the
+    sampler may be built before ``init_process_group``.
 
-    Epochs advance with :meth:`set_epoch`, or by themselves when an iteration ran
-    to its end. ``len()`` and ``iter()`` never re-plan an epoch; ``iter()`` returns
-    a fresh generator. The global numpy/torch/python random state is never used.
+    An epoch ends when its samples have been *trained*, not when they have been
+    fetched: loaders read ahead, so the sampler keeps a ledger of what each
+    iteration served and counts what :meth:`claim` (or :meth:`consume`, for updates
+    with explicit indices) took off it. The epoch being trained decides ``len()``,
+    :meth:`plan`, the weights and the checkpointed position; the next epoch is
+    planned when an ``iter()`` starts it, or when ``len()`` is read after the whole
+    previous epoch has been trained, never earlier, so reading a length never changes
+    what is trained. Epochs advance with :meth:`set_epoch`, or by themselves when an
+    iteration ran to its end. ``iter()`` returns a fresh generator and never re-plans
+    an epoch. The global numpy/torch/python random state is never used.
 
     Example:
         >>> import torch
         >>> from leanbatch import ScoreTable, InfoBatchPolicy
         >>> table = ScoreTable(8)
         >>> sampler = PrunedSampler(table, InfoBatchPolicy(0.5, num_epochs=2, delta=1.0), seed=0)
-        >>> sampler.set_epoch(0)
-        >>> sorted(sampler) == list(range(8))   # nothing scored yet: all kept
-        True
+        >>> sorted(sampler)                              # nothing scored yet: every sample
+        [0, 1, 2, 3, 4, 5, 6, 7]
+        >>> idx, plan = sampler.claim(8)                 # trained: the losses of these 8 samples
+        >>> table.update(idx, idx.float())               # scores 0..7, mean 3.5
+        >>> sampler.epoch, len(sampler)                  # epoch 1 is planned now: 0..3 may be pruned
+        (1, 4)
+        >>> order = list(sampler)
+        >>> sorted(order), sampler.plan().weights.tolist()   # kept below the mean: weight 1 / (1 - 0.5)
+        ([4, 5, 6, 7], [2.0, 2.0, 2.0, 2.0, 1.0, 1.0, 1.0, 1.0])
     """
 
     def __init__(
@@ -151,76 +85,124 @@ class PrunedSampler(Sampler[int]):
         num_replicas: int | None = None,
         rank: int | None = None,
         drop_last: bool = False,
+        process_group: Any = None,
         chunk_size: int = 4096,
     ):
-        import torch.distributed as dist
-
-        dist_on = dist.is_available() and dist.is_initialized()
-        if num_replicas is None:
-            num_replicas = dist.get_world_size() if dist_on else 1
-        if rank is None:
-            rank = dist.get_rank() if dist_on else 0
-        if not isinstance(num_replicas, int) or num_replicas < 1:
+        if num_replicas is not None and (
+            isinstance(num_replicas, bool) or not isinstance(num_replicas, int) or num_replicas < 1
+        ):
             raise ValueError(f"num_replicas must be an int >= 1, got {num_replicas!r}")
-        if not isinstance(rank, int) or not 0 <= rank < num_replicas:
-            raise ValueError(f"rank must be in [0, num_replicas={num_replicas}), got {rank!r}")
+        if rank is not None:
+            bound = num_replicas if num_replicas is not None else None
+            if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0 or (bound and rank >= bound):
+                raise ValueError(f"rank must be in [0, num_replicas={num_replicas}), got {rank!r}")
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise TypeError(f"seed must be an int, got {type(seed).__name__}")
         self.scores = scores
         self.policy = policy
         self.seed = seed
-        self.num_replicas = num_replicas
-        self.rank = rank
         self.drop_last = drop_last
+        self.process_group = process_group
         self.chunk_size = chunk_size
-        self.epoch = 0
+        self._given = (num_replicas, rank)
+        self.num_replicas, self.rank = 1, 0
+        self._resolve_ranks()
         self.epoch_stats: list[dict[str, Any]] = []
-        self.record = True  # keep the ledger for update(loss) without indices
+        self._epoch = 0  # what the next iter() serves, unless the last iteration ran to its end
+        self._start = 0
+        self._its: deque[Iteration] = deque()  # iterations with samples that may still be trained
         self._plan: Plan | None = None
-        self._perm: KeyedPermutation | None = None
-        self._start = 0  # position the next iteration starts at (resume)
-        self._base = 0  # position the current iteration started at
-        self._advance = False  # the last iteration of self.epoch ran to its end
-        self._segments: deque[_Segment] = deque()
-        self._claimed = False
-        self._explicit = 0  # samples updated with explicit indices in the current iteration
         self._dev_weights: tuple[Plan, torch.device, Tensor] | None = None
 
+    # ------------------------------------------------------------------ ranks
+    def _resolve_ranks(self) -> None:
+        import torch.distributed as dist
+
+        dist_on = dist.is_available() and dist.is_initialized()
+        world, rank = self._given
+        if world is None:
+            world = dist.get_world_size(self.process_group) if dist_on else 1
+        if rank is None:
+            rank = dist.get_rank(self.process_group) if dist_on else 0
+        if not 0 <= rank < world:
+            raise ValueError(f"rank must be in [0, num_replicas={world}), got {rank!r}")
+        self.num_replicas, self.rank = world, rank
+
+    def _check_merge(self) -> None:
+        """Refuse to plan from scores the other ranks never saw (shards would overlap or miss)."""
+        import torch.distributed as dist
+
+        dist_on = dist.is_available() and dist.is_initialized()
+        if dist_on:
+            world = dist.get_world_size(self.process_group)
+            if world != self.num_replicas:
+                raise ValueError(
+                    f"num_replicas={self.num_replicas} but the process group has {world} processes: "
+                    "every rank must plan from the same merged scores; leave num_replicas/rank unset to "
+                    "read them from the group, or pass process_group= (the data-parallel group)"
+                )
+        elif self.num_replicas > 1 and self.scores.unmerged:
+            raise RuntimeError(
+                f"num_replicas={self.num_replicas} but torch.distributed is not initialised, so the scores "
+                "this rank stored cannot be merged with the other ranks' before planning (each rank would "
+                "plan a different epoch and the shards would overlap or miss samples): call "
+                "torch.distributed.init_process_group() before training, or drop num_replicas/rank"
+            )
+
     # ------------------------------------------------------------------ epochs
+    @property
+    def epoch(self) -> int:
+        """The epoch training stands in: the one being trained, or next once it is fully trained."""
+        return self._where()[0]
+
     def set_epoch(self, epoch: int) -> None:
-        """Serve ``epoch`` (0-based) next. Setting the current epoch again changes nothing."""
+        """Serve ``epoch`` (0-based) next.
+
+        Setting the epoch being served again changes nothing (a resumed epoch keeps its
+        position); any other epoch closes the books on the previous iterations.
+        """
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
-        if epoch != self.epoch:
-            self.epoch = epoch
-            self._start = self._base = self._explicit = 0
-        self._advance = False
+        it = self._its[-1] if self._its else None
+        if it is None:
+            if epoch != self._epoch:
+                self._epoch, self._start = epoch, 0
+        elif epoch != it.epoch or it.ran_out or it.done:
+            self._its.clear()
+            self._epoch, self._start = epoch, 0
 
-    def _in_flight(self) -> bool:
-        """Served samples still awaiting their update() (only known once update() claims)."""
-        return self._claimed and any(s.state != "closed" and not s.finished() for s in self._segments)
+    def _where(self) -> tuple[int, int, Iteration | None]:
+        """(epoch, position, iteration) where training stands; the iteration if one is being trained."""
+        it = self._its[-1] if self._its else None
+        if it is not None:
+            if not it.done:
+                return it.epoch, it.trained, it
+            return it.epoch + 1, 0, None  # fully trained: the next iter() serves the next epoch
+        return self._epoch, self._start, None
 
-    def plan(self, starting: bool = False) -> Plan:
-        """The plan of the current epoch (made now if needed; never re-made).
+    def plan(self) -> Plan:
+        """The plan of the epoch training stands in (made now if needed; never re-made)."""
+        epoch, _, it = self._where()
+        return it.plan if it is not None else self._plan_for(epoch)
 
-        After an iteration ran to its end the epoch advances here, unless samples it
-        served still await their ``update()`` (a prefetching consumer asking ``len()``
-        before the last batch trained); ``starting`` (a new ``iter()``) always advances.
-        """
-        if self._advance and (starting or not self._in_flight()):
-            self.epoch += 1
-            self._start = 0
-            self._advance = False
-        if self._plan is None or self._plan.epoch != self.epoch:
+    def current_plan(self) -> Plan:
+        """The plan whose weights apply to the next batch trained (same as :meth:`plan`)."""
+        return self.plan()
+
+    def _plan_for(self, epoch: int) -> Plan:
+        if self._plan is None or self._plan.epoch != epoch:
             self._plan = self._dev_weights = None  # let the old plan go before making the new one
-            self._plan = self._make_plan(self.epoch)
+            self._plan = self._make_plan(epoch)
         return self._plan
 
     def _make_plan(self, epoch: int) -> Plan:
-        self.scores.sync()
+        self._resolve_ranks()
+        self._check_merge()
+        self.scores.sync(self.process_group)
         generator = torch.Generator().manual_seed(mix_seed(self.seed, epoch, 0))
         plan = self.policy(self.scores.values, epoch, generator)
-        self._perm = KeyedPermutation(plan.num_kept, mix_seed(self.seed, epoch, 1))
+        if plan.num_kept < 1:
+            raise RuntimeError(f"the policy planned an empty epoch {epoch}: a Policy must keep >= 1 sample")
         total = self._local_len(plan) * self.num_replicas
         stats = {
             "epoch": epoch,
@@ -241,101 +223,113 @@ class PrunedSampler(Sampler[int]):
         return k // w if self.drop_last else math.ceil(k / w)
 
     def __len__(self) -> int:
-        return self._local_len(self.plan()) - self._start
+        epoch, pos, it = self._where()
+        if it is not None:
+            return it.length - it.start
+        return self._local_len(self._plan_for(epoch)) - pos
 
     # ------------------------------------------------------------------ serving
-    def _indices(self, plan: Plan, start: int, end: int) -> Tensor:
-        assert self._perm is not None
+    def _indices(self, it: Iteration, start: int, end: int) -> Tensor:
+        assert it.perm is not None
         pos = torch.arange(start, end, dtype=torch.int64) * self.num_replicas + self.rank
-        pos = self._perm(pos % plan.num_kept)
-        return pos if plan.kept is None else plan.kept[pos].to(torch.int64)
+        pos = it.perm(pos % it.plan.num_kept)
+        return pos if it.plan.kept is None else it.plan.kept[pos].to(torch.int64)
 
     def __iter__(self) -> Iterator[int]:
-        plan = self.plan(starting=True)
-        seg = _Segment(self.epoch, plan, self._local_len(plan), self._start, self._start)
-        self._base, self._start, self._explicit = self._start, 0, 0
-        if self.record:
-            while self._segments and self._segments[-1].state == "closed":
-                self._segments.pop()  # an abandoned iteration: its prefetched batches are gone
-            self._segments.append(seg)
-        return self._serve(seg)
+        epoch, start, it = self._where()
+        if it is not None and it.ran_out:
+            epoch, start = epoch + 1, 0  # ran to its end: the epoch advances by itself
+        elif it is not None:  # a new iter() of the epoch being served restarts it
+            epoch, start = it.epoch, 0
+        # Keep only iterations that ran to their end with samples still in flight (a consumer
+        # that reads ahead across the epoch boundary); an abandoned one's read-ahead is gone.
+        self._its = deque(x for x in self._its if x.ran_out and not x.done)
+        plan = self._plan_for(epoch)
+        key = mix_seed(self.seed, epoch, 1)
+        new = Iteration(epoch, plan, key, self._local_len(plan), start, start, start)
+        self._epoch, self._start = epoch, 0
+        self._its.append(new)
+        return self._serve(new)
 
-    def _serve(self, seg: _Segment) -> Iterator[int]:
-        done = False
-        try:
-            while seg.produced < seg.length:
-                end = min(seg.produced + self.chunk_size, seg.length)
-                idx = self._indices(seg.plan, seg.produced, end)
-                if self.record:
-                    seg.chunks.append(idx)
-                seg.produced = end
-                yield from idx.tolist()
-            done = True
-        finally:
-            seg.state = "exhausted" if done else "closed"
-            if done and seg.epoch == self.epoch:
-                self._advance = True
+    def _serve(self, it: Iteration) -> Iterator[int]:
+        while it.served < it.length:
+            end = min(it.served + self.chunk_size, it.length)
+            idx = self._indices(it, it.served, end)
+            it.add(idx)
+            yield from idx.tolist()
+        it.ran_out = True
 
-    # ------------------------------------------------------------------ ledger
-    def _front(self, n: int = 0) -> _Segment | None:
-        """The segment being consumed, dropping finished or abandoned older ones."""
-        segs = self._segments
-        while len(segs) > 1:
-            s = segs[0]
-            remaining = s.length - s.consumed
-            if s.state == "closed" or remaining == 0 or (s.state == "exhausted" and remaining < max(n, 1)):
-                segs.popleft()
-            else:
-                break
-        return segs[0] if segs else None
+    # ------------------------------------------------------------------ the ledger
+    def _front(self, n: int) -> Iteration | None:
+        """The iteration the next ``n`` trained samples come from.
 
-    def current_plan(self) -> Plan:
-        """The plan of the samples being consumed now (the epoch of the next update)."""
-        seg = self._front()
-        return seg.plan if seg is not None else (self._plan or self.plan())
+        An older iteration (one a consumer reading ahead across epochs has not finished
+        training) keeps receiving updates while they fit in what it has in flight; what it
+        served but nobody trained (a DataLoader's ``drop_last`` remainder) is left behind.
+        """
+        its = self._its
+        if not its:
+            return None
+        while len(its) > 1 and (its[0].done or its[0].served - its[0].trained < n):
+            its.popleft()
+        return its[0]
+
+    def serving(self, n: int, what: str = "update(loss, indices)") -> Iteration | None:
+        """The iteration whose next ``n`` served samples the next update trains (nothing marked).
+
+        ``None`` when no iteration of this sampler is being trained (a loop that does not draw
+        from it); an error when fewer than ``n`` served samples await their update.
+        """
+        it = self._front(n)
+        if it is None:
+            return None
+        if n > it.served - it.trained:
+            raise ValueError(
+                f"{what}: {n} samples but the sampler has served only {it.served - it.trained} samples "
+                "not yet updated: call update() once per batch with one loss per sample (reduction='none'), "
+                "or pass positions= for a selected subset of the batch"
+            )
+        return it
 
     def claim(self, n: int) -> tuple[Tensor, Plan]:
-        """Take the dataset indices of the next ``n`` served samples (int64, CPU) and their plan."""
-        self._claimed = True
-        seg = self._front(n)
-        if seg is None:
+        """Mark the next ``n`` served samples trained; their dataset indices (int64, CPU) and plan."""
+        it = self.serving(n, "update(loss) without indices")
+        if it is None:
             raise RuntimeError(
-                "update(loss) without indices found no batch served by this sampler: build the "
-                "DataLoader with sampler=ds.sampler, or pass indices explicitly: update(loss, indices)"
+                "update(loss) without indices found no batch served by this sampler: build the DataLoader "
+                "with sampler=ds.sampler (and iterate it), or pass indices explicitly: update(loss, indices)"
             )
-        if seg.batch and n != seg.batch and seg.consumed + n != seg.length:
+        if it.batch and n != it.batch and it.trained + n != it.length:
             raise ValueError(
-                f"loss has {n} entries but the batches of this epoch have {seg.batch}: pass one loss per "
+                f"loss has {n} entries but the batches of this epoch have {it.batch}: pass one loss per "
                 "sample of the batch (reduction='none', nothing filtered out), or pass indices explicitly"
             )
-        if seg.consumed + n > seg.produced:
-            raise ValueError(
-                f"loss has {n} entries but the sampler has served only {seg.produced - seg.consumed} "
-                "samples not yet updated: call update() once per batch with one loss per sample"
-            )
-        parts = []
-        need = n
-        while need:
-            chunk = seg.chunks[0]
-            take = min(need, chunk.numel() - seg.offset)
-            parts.append(chunk[seg.offset : seg.offset + take])
-            seg.offset += take
-            need -= take
-            if seg.offset == chunk.numel():
-                seg.chunks.popleft()
-                seg.offset = 0
-        seg.consumed += n
-        if not seg.batch:
-            seg.batch = n
-        return (parts[0] if len(parts) == 1 else torch.cat(parts)), seg.plan
+        it.batch = it.batch or n
+        idx = it.take(n, indices=True)
+        assert idx is not None
+        return idx, it.plan
 
-    def note_explicit(self, n: int) -> Plan:
-        """Record an update with explicit indices; returns the plan whose weights apply."""
-        if not self._claimed and self.record:
-            self.record = False  # explicit-index training: no ledger needed
-            self._segments.clear()
-        self._explicit += n
-        return self.current_plan()
+    def consume(self, n: int) -> Plan:
+        """Mark the next ``n`` served samples trained (an update that carries its own indices).
+
+        Returns the plan that served them; without an iteration of this sampler being trained,
+        nothing is counted and the current plan is returned.
+        """
+        it = self.serving(n)
+        if it is None:
+            return self.plan()
+        it.take(n, indices=False)
+        return it.plan
+
+    def peek(self, n: int) -> Tensor:
+        """The dataset indices (int64, CPU) of the next ``n`` served samples, without marking them."""
+        it = self.serving(n, "next_indices()")
+        if it is None:
+            raise RuntimeError(
+                "next_indices() found no batch served by this sampler: build the DataLoader with "
+                "sampler=ds.sampler and fetch the batch first"
+            )
+        return it.peek(n)
 
     def weights_on(self, plan: Plan, device: torch.device) -> Tensor | None:
         """The plan's per-index weights on ``device`` (copied once per epoch, asynchronously)."""
@@ -349,24 +343,25 @@ class PrunedSampler(Sampler[int]):
         return w
 
     def position(self) -> tuple[int, int, int, bool]:
-        """(epoch, samples consumed in it, its length on this rank, finished) of the current iteration."""
-        seg = self._front()
-        if seg is not None:
-            pos = seg.consumed if self.record else seg.consumed + self._explicit
-            return seg.epoch, pos, seg.length, seg.finished()
-        plan = self._plan
-        length = self._local_len(plan) if plan is not None and plan.epoch == self.epoch else 0
-        pos = length if self._advance else self._base + self._explicit
-        return self.epoch, pos, length, self._advance
+        """(epoch, samples trained in it, its length on this rank, finished) where training stands."""
+        it = self._its[-1] if self._its else None
+        if it is not None:
+            return it.epoch, it.trained, it.length, it.done
+        if self._start == 0:
+            return self._epoch, 0, 0, False  # nothing trained yet: no need to plan for a length
+        return self._epoch, self._start, self._local_len(self._plan_for(self._epoch)), False
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
-        """Epoch, position inside it, its plan and the statistics: tensors and plain values."""
+        """Epoch, position inside it, its plan and the statistics: tensors and plain values.
+
+        The position counts *trained* samples: what a loader read ahead is served again on resume.
+        """
         epoch, pos, _, finished = self.position()
-        seg = self._front()
-        plan = seg.plan if seg is not None else self._plan
+        it = self._its[-1] if self._its else None
+        plan = it.plan if it is not None else self._plan
         plan_state = None
-        if plan is not None and plan.epoch == epoch:
+        if plan is not None and plan.epoch == epoch and not finished:
             plan_state = {
                 "epoch": plan.epoch,
                 "num_samples": plan.num_samples,
@@ -393,18 +388,14 @@ class PrunedSampler(Sampler[int]):
                 f"{self.scores.num_samples}: load a checkpoint made with the same dataset"
             )
         self.seed = int(state["seed"])
-        self.epoch = int(state["epoch"])
         self.epoch_stats = [dict(s) for s in state["epoch_stats"]]
+        finished = bool(state["finished"])
+        self._epoch = int(state["epoch"]) + int(finished)
+        self._start = 0 if finished else int(state["position"])
+        self._its.clear()
+        self._plan = self._dev_weights = None
         p = state.get("plan")
-        self._plan = None
-        if p is not None:
+        if p is not None and not finished:
             self._plan = Plan(
                 int(p["epoch"]), int(p["num_samples"]), p["kept"], p["weights"], p["threshold"], p["pruning"]
             )
-            self._perm = KeyedPermutation(self._plan.num_kept, mix_seed(self.seed, self._plan.epoch, 1))
-        self._advance = bool(state["finished"])
-        self._start = 0 if self._advance else int(state["position"])
-        self._base = self._start
-        self._segments.clear()
-        self._explicit = 0
-        self._dev_weights = None

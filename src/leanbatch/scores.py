@@ -75,14 +75,17 @@ class ScoreTable:
         self._pending: list[tuple[Tensor, Tensor, int, int]] = []
         self._pending_n = 0
         dev = torch.device("cpu") if device is None else torch.device(device)
-        self._values = torch.full((num_samples,), float("nan"), dtype=torch.float32, device=dev)
+        # One slot past the end takes the writes of non-finite losses (see flush): never read.
+        self._values = torch.full((num_samples + 1,), float("nan"), dtype=torch.float32, device=dev)
         self._nonfinite = torch.zeros((), dtype=torch.int64, device=dev)
         self._touched: Tensor | None = None  # distributed: what this rank wrote since the last sync
+        self._unmerged = False  # this process stored losses no other rank has seen
+        self._numbers: Tensor | None = None  # flush scratch: 0, 1, 2, ... (float32)
 
     def __getstate__(self) -> dict[str, Any]:
         # Queued writes hold references and version counters that a copy would not keep.
         self.flush()
-        return dict(self.__dict__)
+        return dict(self.__dict__, _numbers=None)  # scratch, not state
 
     # ------------------------------------------------------------------ device
     @property
@@ -95,10 +98,11 @@ class ScoreTable:
         device = torch.device(device)
         self.flush()
         if device != self._values.device:
-            self.values = self.values.to(device, non_blocking=True)
+            self._values = self._values.to(device, non_blocking=True)
             self._nonfinite = self._nonfinite.to(device, non_blocking=True)
             if self._touched is not None:
                 self._touched = self._touched.to(device, non_blocking=True)
+            self._numbers = None  # scratch: made afresh on the new device
         return self
 
     def _index(self, indices: Tensor) -> Tensor:
@@ -159,6 +163,7 @@ class ScoreTable:
         if check:
             self.check_indices(idx)
         loss = losses.detach()
+        self._unmerged = True
         self._pending.append((idx, loss, idx._version, loss._version))
         self._pending_n += idx.shape[0]
         if self._pending_n >= self.flush_every or self.ema is not None:
@@ -166,7 +171,13 @@ class ScoreTable:
         return idx
 
     def flush(self) -> None:
-        """Write the queued losses into the table (skipping and counting non-finite ones)."""
+        """Write the queued losses into the table (skipping and counting non-finite ones).
+
+        When one index was queued several times, its last finite loss wins (a non-finite one
+        never replaces a score). The same vectorised code runs on every device: no boolean
+        masks, no value read on the host, and every write of a repeated index carries the same
+        value, so the result does not depend on the order a parallel scatter applies them.
+        """
         pending = self._pending
         if not pending:
             return
@@ -181,36 +192,49 @@ class ScoreTable:
             idx, new = pending[0][0], pending[0][1]
         else:
             idx, new = torch.cat([p[0] for p in pending]), torch.cat([p[1] for p in pending])
+        step = 1 << 23  # positions stay exact in float32 (see _last_write); parts apply in order
+        for start in range(0, idx.numel(), step):
+            self._write(idx[start : start + step], new[start : start + step])
+
+    def _write(self, idx: Tensor, new: Tensor) -> None:
         values = self._values
         new = new.to(values.device, torch.float32, non_blocking=True)
-        if self.ema is None and values.device.type == "cpu" and bool(torch.isfinite(new.sum())):
-            # All finite (a finite sum says so; an overflowing one takes the path below): one scatter.
-            values.index_put_((idx,), new)
-            if self._touched is not None:
-                self._touched.index_fill_(0, idx, True)
-            return
-        finite = torch.isfinite(new)
-        if self.ema is not None:  # flushed every step (see store), so no index repeats here
-            old = values[idx]
-            new = torch.where(torch.isnan(old), new, old * self.ema + new * (1.0 - self.ema))
-            values.index_put_((idx,), torch.where(finite, new, old))
-        elif values.device.type == "cpu":  # drop non-finite entries; a repeated index keeps its last loss
-            values.index_put_((idx[finite],), new[finite])
-        else:  # no boolean masks on accelerators (they sync): non-finite entries rewrite the old score
-            values.index_put_((idx,), torch.where(finite, new, values[idx]))
+        finite = new.mul(0.0) == 0.0  # NaN and +-Inf times 0 are NaN; cheaper than isfinite
         self._nonfinite += finite.numel() - finite.sum()
+        # Non-finite losses are written to the spare slot past the end instead: no boolean mask.
+        dest = torch.where(finite, idx, self.num_samples)
+        if self.ema is not None:  # flushed every step (see store): blended with the stored score
+            old = values.index_select(0, dest)
+            new = torch.where(torch.isnan(old), new, old * self.ema + new * (1.0 - self.ema))
+        # Every write of one slot carries the same value, so scatter's order does not matter; every
+        # slot written holds at least one finite loss (the others went to the spare slot).
+        values.scatter_(0, dest, new.index_select(0, self._last_write(dest)))
         if self._touched is not None:
             self._touched.index_fill_(0, idx, True)
+
+    def _last_write(self, dest: Tensor) -> Tensor:
+        """For each queued write, the position in this flush of the last write to the same slot.
+
+        The table's own slots are the scratch: ``scatter_reduce`` with ``amax`` leaves in each
+        slot written now the highest position that wrote it (float32 holds positions exactly),
+        the same whatever order a parallel device applies the writes in; reading them back
+        tells every write which value its slot ends with. The caller then overwrites every
+        written slot, so nothing of the scratch remains, and no memory is added per sample.
+        """
+        m, dev = dest.numel(), dest.device
+        numbers = self._numbers
+        if numbers is None or numbers.numel() < m or numbers.device != dev:
+            numbers = torch.arange(m, dtype=torch.float32, device=dev)
+            if m <= 2 * self.flush_every:  # keep the usual size; a one-off large flush does not stay
+                self._numbers = torch.arange(2 * self.flush_every, dtype=torch.float32, device=dev)
+        self._values.scatter_reduce_(0, dest, numbers[:m], "amax", include_self=False)
+        return self._values.index_select(0, dest).long()
 
     @property
     def values(self) -> Tensor:
         """The scores, float32 (num_samples,), NaN where never scored (flushes queued losses)."""
         self.flush()
-        return self._values
-
-    @values.setter
-    def values(self, v: Tensor) -> None:
-        self._values = v
+        return self._values[: self.num_samples]
 
     def get(self, indices: Tensor) -> Tensor:
         """Scores of ``indices`` (NaN where never scored)."""
@@ -250,8 +274,14 @@ class ScoreTable:
         dist.all_reduce(total, group=group)
         dist.all_reduce(count, group=group)
         merged = torch.where(count > 0, total / count.clamp(min=1), self.values.to(dev))
-        self.values = merged.to(self.values.device)
+        self.values.copy_(merged)
         self._touched = torch.zeros_like(touched)
+        self._unmerged = False
+
+    @property
+    def unmerged(self) -> bool:
+        """Whether this process stored losses since the last merge across ranks (or load)."""
+        return self._unmerged or bool(self._pending)
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
@@ -275,5 +305,7 @@ class ScoreTable:
         if not isinstance(values, Tensor) or values.shape != (self.num_samples,):
             raise ValueError("state_dict['values'] must be a float tensor of shape (num_samples,)")
         self._pending, self._pending_n = [], 0
-        self._values = values.to(self._values.device, torch.float32).clone()
+        self._unmerged = False
+        self._touched = None  # every rank loads the same table: the next merge starts from it
+        self._values = torch.cat([values.to(self._values.device, torch.float32), self._values[-1:]])
         self._nonfinite = torch.tensor(int(state.get("nonfinite", 0)), device=self._values.device)

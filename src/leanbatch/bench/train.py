@@ -398,10 +398,11 @@ class Trainer:
             elif picked is None:
                 loss = ds.update(per_sample, idx_dev)  # stores the scores, returns the rescaled mean
             elif spec.stack_scores == "selection":
+                w = ds.weights(idx_dev[positions])  # the selected examples' weights in this batch's plan
                 ds.update(sel_losses, idx_dev)  # scores of every example of the batch
-                loss = (per_sample * ds.weights(idx_dev[positions])).mean()
+                loss = (per_sample * w).mean()
             else:  # "trained": only the selected examples' full-resolution losses become scores
-                loss = ds.update(per_sample, idx_dev[positions])
+                loss = ds.update(per_sample, idx_dev, positions=positions)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
