@@ -241,8 +241,13 @@ def test_per_step_path_makes_no_host_reads(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(torch, "nonzero", boom)
     X_new, _ = select_using_loss(X, y, model, F.cross_entropy, keep=0.5, scale_factor=0.5)
     sel = sb.select((X, y), model, progress=0.7, batch_idx=0)
+    # Composer's inputs too: a dict X given whole to the model, an integer loss
+    X_dict, y_dict = select_using_loss(
+        {"x": X, "tag": "t"}, y, lambda d: model(d["x"]), lambda o, t, reduction="none": t, keep=0.5
+    )
     monkeypatch.undo()
     assert X_new.shape[0] == 16 and sel.batch[0].shape[0] == 16
+    assert X_dict["x"].shape[0] == 16 and X_dict["tag"] == "t" and y_dict.shape == (16,)
 
 
 # ---------------------------------------------------------------------------- batch shapes
@@ -595,6 +600,11 @@ def test_state_dict_round_trip_resumes_the_same_draws(rule: str) -> None:
     b.load_state_dict(state)
     assert all(torch.equal(p, q) for p, q in zip(run(b, range(4, 12)), rest, strict=True))
     assert b.state_dict()["draws"] == 12 and b.stats.selected_batches == 12
+    # a state saved before per-draw seeding (generator states, no draw count): one draw per selected batch
+    legacy = {**{k: v for k, v in state.items() if k != "draws"}, "generators": {"cpu": torch.zeros(8)}}
+    c = make()
+    c.load_state_dict(legacy)
+    assert c.state_dict()["draws"] == 4
     # power: an object that did not load the state draws differently on these batches
     fresh = run(make(), range(4, 12))
     assert sum(not torch.equal(p, q) for p, q in zip(fresh, rest, strict=True)) >= 6
