@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from leanbatch.bench import micro
 from leanbatch.bench.methods import MethodError, parse_methods
@@ -71,10 +72,32 @@ def test_lr_schedule_warms_up_then_ends_at_zero() -> None:
 
 
 def test_augment_keeps_shape_and_content() -> None:
-    x = torch.arange(2 * 3 * 8 * 8, dtype=torch.float32).view(2, 3, 8, 8)
+    b, h, w = 24, 8, 10
+    x = torch.randn(b, 3, h, w, generator=torch.Generator().manual_seed(1))
     out = _augment(x, torch.Generator().manual_seed(0))
-    assert out.shape == x.shape
-    assert not torch.equal(out, x)
+    assert out.shape == x.shape and out.dtype == x.dtype
+    # each image is its own image, flipped or not, cropped from its 4-pixel reflect padding: find
+    # the one (flip, dy, dx) that reproduces it exactly
+    found = []
+    for i in range(b):
+        matches = [
+            (flip, dy, dx)
+            for flip in (False, True)
+            for dy in range(9)
+            for dx in range(9)
+            if torch.equal(
+                out[i],
+                F.pad((x[i].flip(-1) if flip else x[i])[None], (4, 4, 4, 4), mode="reflect")[
+                    0, :, dy : dy + h, dx : dx + w
+                ],
+            )
+        ]
+        assert len(matches) == 1, (i, matches)  # content from image i (not another image's), one crop
+        found.append(matches[0])
+    # randomness per image: both flips and many offsets occur
+    assert {f for f, _, _ in found} == {False, True}
+    assert len({(dy, dx) for _, dy, dx in found}) > b // 2
+    assert torch.equal(out, _augment(x, torch.Generator().manual_seed(0)))  # the generator decides
 
 
 def test_snapshot_epochs_are_pruning_epochs() -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import itertools
+import io
 import math
 import warnings
 from types import SimpleNamespace
@@ -13,6 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_selection_oracles import exact_inclusion  # from the formula, not from rank_weights
 
 from leanbatch.scores import ScoreTable
 from leanbatch.selection import (
@@ -48,21 +49,6 @@ def cnn(c_in: int = 1, n_cls: int = 10, dropout: float = 0.0) -> nn.Module:
         nn.ReLU(),
         nn.Linear(32, n_cls),
     )
-
-
-def exact_inclusion(n: int, keep: float) -> list[float]:
-    """Inclusion probability of each rank under sequential weighted draws without replacement."""
-    w = rank_weights(n, keep).tolist()
-    k = num_selected(n, keep)
-    incl = [0.0] * n
-    for seq in itertools.permutations(range(n), k):
-        p, left = 1.0, 1.0
-        for s in seq:
-            p *= w[s] / left
-            left -= w[s]
-        for s in seq:
-            incl[s] += p
-    return incl
 
 
 # ---------------------------------------------------------------------------- the rank rule
@@ -255,8 +241,13 @@ def test_per_step_path_makes_no_host_reads(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.setattr(torch, "nonzero", boom)
     X_new, _ = select_using_loss(X, y, model, F.cross_entropy, keep=0.5, scale_factor=0.5)
     sel = sb.select((X, y), model, progress=0.7, batch_idx=0)
+    # Composer's inputs too: a dict X given whole to the model, an integer loss
+    X_dict, y_dict = select_using_loss(
+        {"x": X, "tag": "t"}, y, lambda d: model(d["x"]), lambda o, t, reduction="none": t, keep=0.5
+    )
     monkeypatch.undo()
     assert X_new.shape[0] == 16 and sel.batch[0].shape[0] == 16
+    assert X_dict["x"].shape[0] == 16 and X_dict["tag"] == "t" and y_dict.shape == (16,)
 
 
 # ---------------------------------------------------------------------------- batch shapes
@@ -330,15 +321,21 @@ def test_tuple_batch_carries_indices_and_weights_along() -> None:
 
 
 def test_bare_tensor_batch_is_input_and_target() -> None:
-    ae = nn.Sequential(nn.Flatten(), nn.Linear(16, 16), nn.Unflatten(1, (1, 4, 4)))
-
     def recon(out: torch.Tensor, target: torch.Tensor, reduction: str = "none") -> torch.Tensor:
         return F.mse_loss(out, target, reduction="none").flatten(1).mean(1)
 
     X = torch.randn(10, 1, 4, 4)
+    X[7] *= 10  # by far the worst reconstruction of a model that outputs zeros
+    zeros = nn.Sequential(nn.Flatten(), nn.Linear(16, 16), nn.Unflatten(1, (1, 4, 4)))
+    nn.init.zeros_(zeros[1].weight)
+    nn.init.zeros_(zeros[1].bias)
     sb = SelectiveBackprop(keep=0.5, scale_factor=1.0, interrupt=0)
-    out = sb.select(X, ae, recon, progress=0.5, batch_idx=0)
-    assert isinstance(out.batch, torch.Tensor) and out.batch.shape == (5, 1, 4, 4)
+    out = sb.select(X, zeros, recon, progress=0.5, batch_idx=0)
+    assert out.losses is not None and out.positions is not None
+    # the batch was the target too: each loss is the row's mean square, i.e. |X - 0|^2
+    assert torch.allclose(out.losses, X.pow(2).flatten(1).mean(1))
+    assert isinstance(out.batch, torch.Tensor) and torch.equal(out.batch, X[out.positions])
+    assert out.positions.shape == (5,)
 
 
 @settings(max_examples=40, deadline=None)
@@ -385,9 +382,16 @@ def test_interrupt_semantics_match_composer_code() -> None:
     with pytest.warns(UserWarning, match="interrupt=1"):
         never = SelectiveBackprop(interrupt=1)
     assert not any(never.is_active(0.6, i) for i in range(5))
-    for p in (0.3, 0.5, 0.7, 0.95):
-        for i in range(7):
-            assert sb.is_active(p, i) == should_selective_backprop(p, i, 0.5, 0.9, 3)
+    # the whole (progress, batch) table, written out: window [0.5, 0.9), every third batch vanilla
+    on = [True, True, False, True, True, False, True]
+    off = [False] * 7
+    expected = {0.0: off, 0.3: off, 0.4999: off, 0.5: on, 0.7: on, 0.8999: on, 0.9: off, 0.95: off}
+    assert {p: [sb.is_active(p, i) for i in range(7)] for p in expected} == expected
+    assert {p: [should_selective_backprop(p, i, 0.5, 0.9, 3) for i in range(7)] for p in expected} == expected
+    rank_keep1 = SelectiveBackprop(keep=1.0, interrupt=0)
+    history_keep1 = SelectiveBackprop(keep=1.0, interrupt=0, rule="history")  # keep does not apply to it
+    assert [rank_keep1.is_active(0.6, i) for i in range(3)] == [False] * 3
+    assert [history_keep1.is_active(0.6, i) for i in range(3)] == [True] * 3
 
 
 def test_training_progress_from_epochs_or_steps() -> None:
@@ -569,17 +573,48 @@ def test_history_rule_iterate_yields_full_batches_of_about_one_in_beta_plus_one(
     assert sb.stats.backpropagated == sum(sizes) and sb.stats.skipped == n_batches * bs - sum(sizes)
 
 
-def test_state_dict_round_trip_resumes_the_same_draws() -> None:
+@pytest.mark.parametrize("rule", ["rank", "history"])
+def test_state_dict_round_trip_resumes_the_same_draws(rule: str) -> None:
     model = nn.Linear(4, 3)
-    batch = (torch.randn(16, 4), torch.randint(0, 3, (16,)))
-    a = SelectiveBackprop(scale_factor=1.0, interrupt=0, rule="history", seed=5)
-    a.select(batch, model, F.cross_entropy, progress=0.6, batch_idx=0)
-    state = a.state_dict()
-    b = SelectiveBackprop(scale_factor=1.0, interrupt=0, rule="history", seed=5)
+    gen = torch.Generator().manual_seed(0)
+    batches = [
+        (torch.randn(16, 4, generator=gen), torch.randint(0, 3, (16,), generator=gen)) for _ in range(12)
+    ]
+
+    def run(sb: SelectiveBackprop, steps: range) -> list[torch.Tensor]:
+        out = []
+        for t in steps:
+            positions = sb.select(batches[t], model, F.cross_entropy, progress=0.6, batch_idx=t).positions
+            assert positions is not None
+            out.append(positions)
+        return out
+
+    def make() -> SelectiveBackprop:
+        return SelectiveBackprop(scale_factor=1.0, interrupt=0, rule=rule, seed=5)
+
+    a = make()
+    run(a, range(4))
+    state = torch.load(_saved(a.state_dict()), weights_only=True)
+    rest = run(a, range(4, 12))
+    b = make()
     b.load_state_dict(state)
-    pa = a.select(batch, model, F.cross_entropy, progress=0.6, batch_idx=1).positions
-    pb = b.select(batch, model, F.cross_entropy, progress=0.6, batch_idx=1).positions
-    assert pa is not None and pb is not None and torch.equal(pa, pb)
+    assert all(torch.equal(p, q) for p, q in zip(run(b, range(4, 12)), rest, strict=True))
+    assert b.state_dict()["draws"] == 12 and b.stats.selected_batches == 12
+    # a state saved before per-draw seeding (generator states, no draw count): one draw per selected batch
+    legacy = {**{k: v for k, v in state.items() if k != "draws"}, "generators": {"cpu": torch.zeros(8)}}
+    c = make()
+    c.load_state_dict(legacy)
+    assert c.state_dict()["draws"] == 4
+    # power: an object that did not load the state draws differently on these batches
+    fresh = run(make(), range(4, 12))
+    assert sum(not torch.equal(p, q) for p, q in zip(fresh, rest, strict=True)) >= 6
+
+
+def _saved(state: dict) -> io.BytesIO:
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    buf.seek(0)
+    return buf
 
 
 # ---------------------------------------------------------------------------- Stale-SB

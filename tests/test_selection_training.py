@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from test_selection_oracles import race_inclusion
 from torch.utils.data import DataLoader, TensorDataset
 
 from leanbatch.scores import ScoreTable
@@ -64,6 +67,8 @@ def train(data: tuple[torch.Tensor, ...], sb: SelectiveBackprop | None) -> dict[
     loader = DataLoader(ds, batch_size=BATCH, shuffle=True, generator=torch.Generator().manual_seed(0))
     table = ScoreTable(len(ds))  # what a loop stacking SB with InfoBatch feeds: every example's loss
     in_window = backprop_in_window = 0
+    kept_loss, skipped_loss = [], []  # selection losses of the kept and of the skipped examples
+    rank_hits, full_batches = torch.zeros(BATCH), 0  # kept count by loss rank (0 = smallest), full batches
     for epoch in range(EPOCHS):
         model.train()
         for i, batch in enumerate(loader):
@@ -77,6 +82,13 @@ def train(data: tuple[torch.Tensor, ...], sb: SelectiveBackprop | None) -> dict[
                     in_window += len(batch[1])
                     backprop_in_window += len(sel.batch[1])
                     table.update(batch[2], sel.losses)
+                    kept = torch.zeros(len(sel.losses), dtype=torch.bool)
+                    kept[sel.positions] = True
+                    kept_loss.append(sel.losses[kept])
+                    skipped_loss.append(sel.losses[~kept])
+                    if len(kept) == BATCH:
+                        rank_hits += kept[sel.losses.argsort()].float()
+                        full_batches += 1
                 batch = sel.batch
             x, y, _ = batch  # batch-level augmentation (mixup, cutmix) would go here: after selection
             loss = F.cross_entropy(model(x), y)
@@ -87,7 +99,9 @@ def train(data: tuple[torch.Tensor, ...], sb: SelectiveBackprop | None) -> dict[
     with torch.no_grad():
         acc = (model(Xte).argmax(1) == yte).float().mean().item()
     return {"acc": acc, "in_window": in_window, "backprop_in_window": backprop_in_window,
-            "scored": table.num_scored()}  # fmt: skip
+            "scored": table.num_scored(), "kept_loss": torch.cat(kept_loss) if kept_loss else None,
+            "skipped_loss": torch.cat(skipped_loss) if skipped_loss else None,
+            "rank_hits": rank_hits, "full_batches": full_batches}  # fmt: skip
 
 
 def test_sb_backpropagates_keep_of_the_window_and_reaches_high_accuracy(
@@ -106,6 +120,20 @@ def test_sb_backpropagates_keep_of_the_window_and_reaches_high_accuracy(
     assert abs(sb.stats.backprop_fraction - (1 - 0.5 * 2 / EPOCHS)) < 0.01
     assert baseline["acc"] > 0.9
     assert result["acc"] > 0.9 and result["acc"] > baseline["acc"] - 0.03, (result, baseline)
+    # the selection keeps the hard examples: on real data the kept ones' selection losses are about
+    # twice the skipped ones' (a reversed rule would keep the low losses, a uniform one equal means)
+    kept, skipped = result["kept_loss"].mean(), result["skipped_loss"].mean()
+    assert kept > 1.5 * skipped, (kept, skipped)
+    # and each loss rank is kept as often as the rank rule's exact inclusion probability says
+    # (weights ((i + 0.5) / 64) ** (1 / keep - 1), drawn without replacement; 124 full batches)
+    trials = result["full_batches"]
+    freq = result["rank_hits"] / trials
+    exact = race_inclusion(BATCH, 0.5).float()
+    sd = (exact * (1 - exact) / trials).sqrt()
+    assert ((freq - exact) / sd).abs().max() < 4.5, (freq, exact)
+    quartiles = freq.view(4, 16).mean(1)
+    assert torch.all(quartiles[1:] > quartiles[:-1] + 0.05), quartiles  # exact: 0.17, 0.45, 0.63, 0.75
+    assert ((freq - exact.flip(0)) / sd).abs().max() > 10  # power: a reversed rule fails the first check
 
 
 def test_paper_rule_with_full_batch_accumulation_trains(digits: tuple[torch.Tensor, ...]) -> None:
@@ -113,14 +141,36 @@ def test_paper_rule_with_full_batch_accumulation_trains(digits: tuple[torch.Tens
     torch.manual_seed(0)
     model = small_cnn()
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=5e-4)
-    loader = DataLoader(TensorDataset(Xtr, ytr), batch_size=BATCH, shuffle=True,
+    loader = DataLoader(TensorDataset(Xtr, ytr, torch.arange(len(ytr))), batch_size=BATCH, shuffle=True,
                         generator=torch.Generator().manual_seed(0))  # fmt: skip
     sb = SelectiveBackprop(start=0.5, end=0.9, scale_factor=0.5, interrupt=0, rule="history", beta=1.0)
     sizes = []
     total_batches = EPOCHS * len(loader)
+    loaded: list[torch.Tensor] = []  # dataset indices of the batch being selected on
+    scored: list[tuple[int, torch.Tensor, torch.Tensor]] = []  # (epoch, indices, selection losses)
+
+    def recording_loss(out: torch.Tensor, target: torch.Tensor, reduction: str = "none") -> torch.Tensor:
+        losses = F.cross_entropy(out, target, reduction="none")
+        if len(losses) == len(loaded[-1]):  # not the two-example dry run of the first batch
+            scored.append((epoch, loaded[-1], losses))
+        return losses
+
+    class RecordingLoader:  # the loader, noting each batch's indices; len() keeps progress within epochs
+        def __len__(self) -> int:
+            return len(loader)
+
+        def __iter__(self) -> Iterator[tuple[torch.Tensor, ...]]:
+            for b in loader:
+                loaded.append(b[2])
+                yield b
+
+    trained: list[set[int]] = [set() for _ in range(EPOCHS)]  # dataset indices trained on, per epoch
     for epoch in range(EPOCHS):
         model.train()
-        for x, y in sb.iterate(loader, model, F.cross_entropy, epoch=epoch, num_epochs=EPOCHS):
+        for x, y, idx in sb.iterate(
+            RecordingLoader(), model, recording_loss, epoch=epoch, num_epochs=EPOCHS, indices_key=2
+        ):
+            trained[epoch].update(idx.tolist())
             set_lr(opt, min(sb.stats.batches / total_batches, 0.999))  # progress = loaded batches so far
             sizes.append(len(y))
             loss = F.cross_entropy(model(x), y)
@@ -137,3 +187,9 @@ def test_paper_rule_with_full_batch_accumulation_trains(digits: tuple[torch.Tens
     # 2.4 vanilla epochs + about 1 / (beta + 1) = 1/2 of 1.6 selected epochs
     frac = sb.stats.backpropagated / sb.stats.examples
     assert abs(frac - (2.4 + 0.5 * 1.6) / EPOCHS) < 0.03, frac
+    # the rule keeps the high losses: P = cdf ** beta grows with the loss (a reversed rule,
+    # (1 - cdf) ** beta, keeps the same fraction but the low losses)
+    kept = torch.cat([torch.tensor([i in trained[e] for i in idx.tolist()]) for e, idx, _ in scored])
+    losses = torch.cat([losses for _, _, losses in scored])
+    assert 0.4 < kept.float().mean() < 0.6 and len(losses) > 2000
+    assert losses[kept].mean() > 1.5 * losses[~kept].mean(), (losses[kept].mean(), losses[~kept].mean())

@@ -10,8 +10,9 @@ import math
 from typing import Any
 
 import torch
+from torch import Tensor
 
-__all__ = ["check_fraction", "check_int", "check_autocast", "check_interval"]
+__all__ = ["check_fraction", "check_int", "check_autocast", "check_interval", "rankable_losses"]
 
 
 def _is_real(value: Any) -> bool:
@@ -62,3 +63,18 @@ def check_autocast(value: Any) -> torch.dtype | bool | None:
         f"autocast must be None (use the caller's autocast context), False (full precision), True, "
         f"torch.bfloat16 or torch.float16, got {value!r}"
     )
+
+
+def rankable_losses(losses: Tensor, name: str) -> Tensor:
+    """``losses`` as floats to rank: integer losses become float32, float ones pass unchanged.
+
+    Composer ranks whatever the loss returns (its own tests use
+    ``torch.ones_like(target)``, an integer tensor), so integer losses are
+    accepted. Bool and complex tensors are refused: neither is a loss to rank.
+    """
+    if losses.dtype == torch.bool or losses.is_complex():
+        raise TypeError(
+            f"{name} must return real per-example losses (float or integer), got {losses.dtype}: "
+            "a bool or complex tensor cannot be ranked"
+        )
+    return losses if losses.is_floating_point() else losses.float()

@@ -6,17 +6,24 @@ change. What differs is underneath: sampling on the device with a private
 generator (no numpy, no global RNG, no host-device sync), BatchNorm statistics
 and train/eval modes left exactly as they were, at least one example kept, and
 optional chunking and precision for the selection pass.
+
+What Composer's callers pass also works here: an input batch ``X`` that is a
+dict (Hugging Face style; the model is called as ``model(X)`` with the dict, as
+Composer calls it, and every per-example tensor of the dict is cut to the kept
+rows) and a loss returning integers (Composer's own tests use
+``torch.ones_like(target)``; integer losses are ranked as floats).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from leanbatch.selection._checks import check_autocast, check_fraction, check_int
+from leanbatch.selection.batches import first_tensor, index_batch
 from leanbatch.selection.rank import num_selected, select_indices
 from leanbatch.selection.rng import resolve_generator
 from leanbatch.selection.scoring import as_per_example_loss, check_downsample, compute_losses
@@ -24,18 +31,72 @@ from leanbatch.selection.scoring import as_per_example_loss, check_downsample, c
 __all__ = ["select_using_loss", "selection_losses"]
 
 
-def _check_pair(X: Any, y: Any) -> int:
-    if not isinstance(X, Tensor):
-        raise TypeError(f"X must be a torch.Tensor batch of inputs, got {type(X).__name__}")
+def _leaves(value: Any, path: str) -> Iterator[tuple[str, Any]]:
+    """``(path, leaf)`` of every leaf below a dict value, e.g. ``("X['pixel_values']", tensor)``."""
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            yield from _leaves(v, f"{path}[{k!r}]")
+    elif isinstance(value, (tuple, list)):
+        for i, v in enumerate(value):
+            yield from _leaves(v, f"{path}[{i}]")
+    else:
+        yield path, value
+
+
+def _check_pair(X: Any, y: Any, scale_factor: float) -> int:
+    """Validate Composer's ``(input, target)`` pair and return the number of examples ``N``.
+
+    ``X`` is a tensor (``N`` = its first dimension) or a dict of them (``N`` =
+    the length of ``y``; every tensor in it must then hold ``N`` rows, 0-d tensors
+    and non-tensor values pass through).
+    """
     if not isinstance(y, Tensor):
         raise TypeError(f"y must be a torch.Tensor batch of targets, got {type(y).__name__}")
+    if isinstance(X, Mapping):
+        if y.dim() == 0 or y.shape[0] < 1:
+            raise ValueError(f"y must hold one target per example, got shape {tuple(y.shape)}")
+        n = int(y.shape[0])
+        rows = [(p, t) for p, t in _leaves(X, "X") if isinstance(t, Tensor) and t.dim() > 0]
+        bad = [f"{p} has {t.shape[0]} rows" for p, t in rows if t.shape[0] != n]
+        if not rows or bad:
+            raise ValueError(
+                f"every tensor of a dict X must hold one row per example ({n}, the length of y) - it is "
+                f"cut to the selected rows; got {'; '.join(bad) or 'no tensor with a batch dimension'}"
+            )
+        if scale_factor < 1.0:
+            raise ValueError(
+                f"scale_factor={scale_factor} < 1 downsamples X, which needs X to be a tensor of images; "
+                "with a dict X use scale_factor=1 (Composer cannot downsample a dict either), or "
+                "SelectiveBackprop(input_key=...), which downsamples the image tensors of a dict batch"
+            )
+        return n
+    if not isinstance(X, Tensor):
+        raise TypeError(
+            f"X must be a torch.Tensor batch of inputs or a dict of them (the model then gets the dict), "
+            f"got {type(X).__name__}"
+        )
     if X.dim() == 0 or X.shape[0] < 1:
         raise ValueError(f"X must hold at least one example along dim 0, got shape {tuple(X.shape)}")
     if y.dim() == 0 or y.shape[0] != X.shape[0]:
         raise ValueError(
             f"y must have one target per example of X ({X.shape[0]}), got shape {tuple(y.shape)}"
         )
+    check_downsample(X, scale_factor)
     return int(X.shape[0])
+
+
+def _call_with_dict(model: Callable[..., Any], X: Any) -> Any:
+    """Composer's ``model(X)``, also for a dict ``X``, with a hint when the model wants keywords."""
+    if not isinstance(X, Mapping):
+        return model(X)
+    try:
+        return model(X)
+    except (TypeError, AttributeError) as err:
+        raise TypeError(
+            f"model(X) failed with the dict X ({type(err).__name__}: {err}). select_using_loss passes the "
+            "whole dict, as Composer does; for a model that takes keyword inputs (a bare Hugging Face "
+            "model) pass model=lambda X: hf_model(**X)"
+        ) from err
 
 
 def selection_losses(
@@ -63,9 +124,8 @@ def selection_losses(
         >>> selection_losses(X, y, model, F.cross_entropy, scale_factor=0.5).shape
         torch.Size([8])
     """
-    n = _check_pair(X, y)
     scale = check_fraction(scale_factor, "scale_factor")
-    check_downsample(X, scale)
+    n = _check_pair(X, y, scale)
     if chunk_size is not None:
         check_int(chunk_size, "chunk_size", 1)
     loss = as_per_example_loss(loss_fun, "loss_fun")
@@ -79,6 +139,7 @@ def selection_losses(
         chunk_size=chunk_size,
         autocast=check_autocast(autocast),
         eval_mode=eval_mode,
+        forward=_call_with_dict,
         name="loss_fun",
     )
 
@@ -104,12 +165,17 @@ def select_using_loss(
     weights (a Gumbel top-k on the device).
 
     Args:
-        X: inputs, ``(N, ...)``.
+        X: inputs, ``(N, ...)``; or a dict of them (Hugging Face style), where
+            every tensor must hold ``N`` rows (``N`` = ``len(y)``) and is cut to
+            the kept rows, while 0-d tensors and non-tensor values are kept as
+            they are. A dict needs ``scale_factor=1``.
         y: targets, ``(N, ...)``.
-        model: the model (or any callable ``model(X) -> output``).
+        model: the model (or any callable ``model(X) -> output``); a dict ``X``
+            is passed whole, as Composer does (for a bare Hugging Face model pass
+            ``lambda X: hf_model(**X)``).
         loss_fun: ``loss_fun(output, target, reduction="none") -> (N,)`` losses,
             e.g. ``F.cross_entropy``; a loss module like ``nn.CrossEntropyLoss()``
-            also works.
+            also works. Integer losses are ranked as floats.
         keep: fraction of the batch to keep, in (0, 1].
         scale_factor: in (0, 1]; below 1 the selection pass sees ``X`` downsampled
             (linear/bilinear/trilinear for 3-D/4-D/5-D float inputs).
@@ -122,7 +188,8 @@ def select_using_loss(
         eval_mode: score in eval mode (running BN statistics, no dropout).
 
     Returns:
-        ``(X_selected, y_selected)``, rows in their original batch order. When
+        ``(X_selected, y_selected)``, rows in their original batch order (a dict
+        ``X`` comes back as the same mapping type). When
         every example is kept (``keep=1`` or ``N=1``) the batch is returned as is
         and no forward pass runs.
 
@@ -134,16 +201,20 @@ def select_using_loss(
         >>> X_new, y_new = select_using_loss(X, y, model, F.cross_entropy, keep=0.5, scale_factor=0.5)
         >>> X_new.shape, y_new.shape
         (torch.Size([8, 1, 28, 28]), torch.Size([8]))
+        >>> X_dict = {"input_ids": torch.arange(16).view(8, 2), "task": "toy"}  # dict batch, integer loss
+        >>> X_d, y_d = select_using_loss(X_dict, torch.arange(8), lambda X: X["input_ids"].float(),
+        ...                              lambda out, y, reduction="none": y, keep=0.5)
+        >>> X_d["task"], torch.equal(X_d["input_ids"][:, 0], 2 * y_d), len(y_d)
+        ('toy', True, 4)
     """
-    n = _check_pair(X, y)
-    k = num_selected(n, keep)
     scale = check_fraction(scale_factor, "scale_factor")
-    check_downsample(X, scale)
+    n = _check_pair(X, y, scale)
+    k = num_selected(n, keep)
     if chunk_size is not None:
         check_int(chunk_size, "chunk_size", 1)
     loss = as_per_example_loss(loss_fun, "loss_fun")
     precision = check_autocast(autocast)
-    resolve_generator(generator, X.device)  # a wrong generator fails now, whatever the batch
+    resolve_generator(generator, first_tensor(X).device)  # type: ignore[union-attr]  # a wrong generator fails now, whatever the batch
     if k == n:
         return X, y
     losses = compute_losses(
@@ -156,9 +227,8 @@ def select_using_loss(
         chunk_size=chunk_size,
         autocast=precision,
         eval_mode=eval_mode,
+        forward=_call_with_dict,
         name="loss_fun",
     )
     positions = select_indices(losses, keep, generator)
-    if positions.device != X.device:
-        positions = positions.to(X.device, non_blocking=True)
-    return X.index_select(0, positions), y.index_select(0, positions.to(y.device, non_blocking=True))
+    return index_batch(X, positions, n), index_batch(y, positions, n)

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from leanbatch.scores import check_per_sample_loss
-from leanbatch.selection._checks import check_fraction
+from leanbatch.selection._checks import check_fraction, rankable_losses
 from leanbatch.selection.rng import resolve_generator
 
 __all__ = ["num_selected", "rank_weights", "select_indices"]
@@ -67,8 +67,9 @@ def select_indices(losses: Tensor, keep: float, generator: torch.Generator | Non
     """Positions of the examples the rank rule keeps, sampled on the losses' device.
 
     Args:
-        losses: per-example losses, shape ``(N,)``, any float dtype. Only their
-            order matters (ties keep batch order; NaN counts as the largest loss).
+        losses: per-example losses, shape ``(N,)``, any float or integer dtype.
+            Only their order matters (ties keep batch order; NaN counts as the
+            largest loss).
         keep: fraction to keep, in (0, 1]; ``k = max(1, int(keep * N))`` positions
             are returned.
         generator: a ``torch.Generator`` on the losses' device; ``None`` uses the
@@ -88,6 +89,8 @@ def select_indices(losses: Tensor, keep: float, generator: torch.Generator | Non
         >>> select_indices(losses, keep=1.0).tolist()  # keep=1 keeps everything
         [0, 1, 2, 3, 4, 5]
     """
+    if isinstance(losses, Tensor):
+        losses = rankable_losses(losses, "losses")  # integer losses rank as floats
     losses = check_per_sample_loss(losses, "losses")
     n = losses.shape[0]
     k = num_selected(n, keep)

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _NormBase
 
+from leanbatch.selection._checks import rankable_losses
 from leanbatch.selection.batches import first_tensor, map_leaves, slice_batch
 
 __all__ = [
@@ -199,7 +200,15 @@ def default_forward(model: Callable[..., Any], inputs: Any) -> Any:
 
 
 def check_losses(losses: Any, n: int, name: str = "loss_fn") -> Tensor:
-    """Raise unless ``losses`` is a float tensor of shape ``(n,)``; return it as float32."""
+    """Raise unless ``losses`` is a real tensor of shape ``(n,)``; return it as float32.
+
+    Integer losses are accepted (and ranked as floats), as Composer does.
+
+    Example:
+        >>> import torch
+        >>> check_losses(torch.tensor([3, 1, 2]), 3)
+        tensor([3., 1., 2.])
+    """
     if not isinstance(losses, Tensor):
         raise TypeError(f"{name} must return a tensor of per-example losses, got {type(losses).__name__}")
     if tuple(losses.shape) != (n,):
@@ -212,9 +221,7 @@ def check_losses(losses: Any, n: int, name: str = "loss_fn") -> Tensor:
         raise ValueError(
             f"{name} must return one loss per example, shape ({n},), got {tuple(losses.shape)}: {hint}"
         )
-    if not losses.is_floating_point():
-        raise TypeError(f"{name} must return floating-point losses, got {losses.dtype}")
-    return losses.float()
+    return rankable_losses(losses, name).float()  # integer losses (Composer's tests) rank as floats
 
 
 def _precision(

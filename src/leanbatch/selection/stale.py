@@ -63,6 +63,27 @@ class StaleScores:
         self.num_samples = table.num_samples
         self.scored_epoch = torch.full((self.num_samples,), _NEVER, dtype=torch.int64)
 
+    @staticmethod
+    def check_batch(indices: Any, epoch: Any, n: int) -> None:
+        """Raise unless ``indices`` is a tensor of ``n`` dataset indices and ``epoch`` is given.
+
+        Example:
+            >>> import torch
+            >>> StaleScores.check_batch(torch.arange(4), epoch=0, n=4)
+            >>> try:
+            ...     StaleScores.check_batch(None, epoch=0, n=4)
+            ... except ValueError as e:
+            ...     print(str(e).split(" needs")[0])
+            Stale-SB (staleness >= 2)
+        """
+        if indices is None or epoch is None:
+            raise ValueError(
+                "Stale-SB (staleness >= 2) needs select(..., indices=dataset_indices, epoch=epoch)"
+            )
+        if not isinstance(indices, Tensor) or tuple(indices.shape) != (n,):
+            shape = tuple(indices.shape) if isinstance(indices, Tensor) else type(indices).__name__
+            raise ValueError(f"indices must be a tensor of shape ({n},) (one per example), got {shape}")
+
     def _stamps_for(self, indices: Tensor) -> Tensor:
         if not isinstance(indices, Tensor) or indices.dim() != 1 or indices.is_floating_point():
             raise TypeError("indices must be a 1-D integer tensor of dataset indices")
