@@ -115,6 +115,9 @@ def test_dict_input_errors_name_the_argument() -> None:
         select_using_loss({**X, "extra": [torch.zeros(4)]}, y, model, F.cross_entropy, keep=0.5)
     with pytest.raises(ValueError, match="no tensor with a batch dimension"):
         select_using_loss({"task": "toy"}, y, model, F.cross_entropy, keep=0.5)
+    texts = [f"example {i}" for i in range(len(y))]  # per-example, but not a tensor: cannot be cut
+    with pytest.raises(ValueError, match=r"X\['texts'\] is a 16-item list.*make it a tensor"):
+        select_using_loss({**X, "texts": texts}, y, model, F.cross_entropy, keep=0.5)
     with pytest.raises(TypeError, match=r"y must be a torch.Tensor"):
         select_using_loss(X, [0, 1], model, F.cross_entropy, keep=0.5)
 

@@ -43,12 +43,21 @@ def _leaves(value: Any, path: str) -> Iterator[tuple[str, Any]]:
         yield path, value
 
 
+def _values(value: Mapping[Any, Any], path: str) -> Iterator[tuple[str, Any]]:
+    """``(path, value)`` of every value of a dict, nested dicts included."""
+    for k, v in value.items():
+        yield f"{path}[{k!r}]", v
+        if isinstance(v, Mapping):
+            yield from _values(v, f"{path}[{k!r}]")
+
+
 def _check_pair(X: Any, y: Any, scale_factor: float) -> int:
     """Validate Composer's ``(input, target)`` pair and return the number of examples ``N``.
 
     ``X`` is a tensor (``N`` = its first dimension) or a dict of them (``N`` =
     the length of ``y``; every tensor in it must then hold ``N`` rows, 0-d tensors
-    and non-tensor values pass through).
+    and non-tensor values pass through, but an ``N``-item list is refused: it would
+    silently stop matching the selected rows).
     """
     if not isinstance(y, Tensor):
         raise TypeError(f"y must be a torch.Tensor batch of targets, got {type(y).__name__}")
@@ -62,6 +71,12 @@ def _check_pair(X: Any, y: Any, scale_factor: float) -> int:
             raise ValueError(
                 f"every tensor of a dict X must hold one row per example ({n}, the length of y) - it is "
                 f"cut to the selected rows; got {'; '.join(bad) or 'no tensor with a batch dimension'}"
+            )
+        lists = [p for p, v in _values(X, "X") if isinstance(v, (list, tuple)) and len(v) == n and n > 1]
+        if lists:
+            raise ValueError(
+                f"{lists[0]} is a {n}-item list: it looks per-example but only tensors are cut to the "
+                "selected rows, so it would no longer match them; make it a tensor or take it out of X"
             )
         if scale_factor < 1.0:
             raise ValueError(

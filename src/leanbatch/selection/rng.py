@@ -8,7 +8,7 @@ module-level generators, so a run is reproducible and the user's
 In a distributed run every rank holds a different batch but, with a shared
 seed, the same generator stream would keep the same loss-rank *positions* on
 every rank at every step. So a generator is seeded from ``(seed, rank)`` through
-:func:`leanbatch.sampler.mix_seed`, with the rank read from an initialised
+:func:`leanbatch.permutation.mix_seed`, with the rank read from an initialised
 ``torch.distributed`` default process group when the generator is first used,
 not when the seed is set: frameworks such as Lightning build their objects
 before they initialise the process group. Without a process group the rank is 0.
@@ -21,7 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from leanbatch.sampler import mix_seed
+from leanbatch.permutation import mix_seed
 from leanbatch.selection._checks import check_int
 
 __all__ = [
