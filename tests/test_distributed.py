@@ -60,3 +60,46 @@ def test_ddp_ranks_share_scores_plans_and_split_the_data():
         expected[i] += 0.5 if (i in last_a and i in last_b) else (1.0 if i in last_b else 0.0)
     assert last_a | last_b == set(range(N))  # the last epoch anneals: everything served
     assert torch.allclose(a["scores"], expected, atol=1e-6)
+
+
+def _global_plan_worker(rank: int, init_file: str, out_dir: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    try:
+        data = TensorDataset(torch.arange(N, dtype=torch.float32), torch.arange(N))
+        # shard=False: every rank serves the whole plan (accelerate shards the batches itself)
+        ds = InfoBatch(data, EPOCHS, prune_ratio=0.5, delta=0.67, seed=5, shard=False)
+        orders = []
+        for epoch in range(EPOCHS):
+            ds.set_epoch(epoch)
+            order = list(ds.sampler)
+            orders.append(order)
+            mine = torch.tensor(order[rank::WORLD])  # this rank trains every WORLD-th sample
+            ds.scores.update(mine, mine / N + rank)
+            ds.sampler.consume(len(order))  # the whole global batch is trained, across ranks
+        ds.scores.sync()  # planning merges; the last epoch's scores are merged here
+        errors = []
+        wrong = InfoBatch(data, EPOCHS, num_replicas=1, rank=0, seed=5)  # shards for a world of 1
+        wrong.scores.update(torch.arange(N), torch.rand(N))
+        wrong.set_epoch(1)
+        try:
+            len(wrong.sampler)
+        except ValueError as e:
+            errors.append(str(e))
+        torch.save(
+            {"orders": orders, "scores": ds.scores.values, "stats": ds.epoch_stats, "errors": errors},
+            os.path.join(out_dir, f"rank{rank}.pt"),
+        )
+    finally:
+        dist.destroy_process_group()
+
+
+def test_global_plan_on_every_rank_with_merged_scores_and_world_mismatch_refused():
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_global_plan_worker, args=(os.path.join(tmp, "init"), tmp), nprocs=WORLD, join=True)
+        a, b = (torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(WORLD))
+    assert a["orders"] == b["orders"]  # the same global order on both ranks, every epoch
+    assert [len(o) for o in a["orders"]] == [s["kept"] for s in a["stats"]]  # whole plans, unsharded
+    assert a["stats"][1]["pruning"] and a["stats"][1]["kept"] < N
+    ds_scores = a["scores"]
+    assert torch.equal(ds_scores, b["scores"])  # merged before each plan and at the end
+    assert len(a["errors"]) == 1 and "process group has 2 processes" in a["errors"][0]

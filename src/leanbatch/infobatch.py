@@ -36,6 +36,10 @@ class InfoBatch(Dataset):
         num_replicas, rank, drop_last: data-parallel sharding (defaults: the process group's,
             read when an epoch is planned, so the wrapper may be built before ``init_process_group``).
         process_group: the data-parallel group whose scores are merged (default: the world).
+        shard: ``True`` (default): each rank serves its own shard of the plan, as a
+            ``DistributedSampler`` does. ``False``: every rank serves the whole plan
+            (identical on every rank) and the framework shards the batches, as
+            accelerate does; scores are still merged across the group.
 
     Example:
         >>> import torch, torch.nn.functional as F
@@ -70,6 +74,7 @@ class InfoBatch(Dataset):
         rank: int | None = None,
         drop_last: bool = False,
         process_group: Any = None,
+        shard: bool = True,
     ):
         if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__getitem__"):
             raise TypeError(
@@ -106,6 +111,7 @@ class InfoBatch(Dataset):
             rank=rank,
             drop_last=drop_last,
             process_group=process_group,
+            shard=shard,
         )
 
     # ------------------------------------------------------------------ dataset

@@ -86,6 +86,7 @@ class PrunedSampler(Sampler[int]):
         rank: int | None = None,
         drop_last: bool = False,
         process_group: Any = None,
+        shard: bool = True,
         chunk_size: int = 4096,
     ):
         if num_replicas is not None and (
@@ -104,7 +105,15 @@ class PrunedSampler(Sampler[int]):
         self.drop_last = drop_last
         self.process_group = process_group
         self.chunk_size = chunk_size
-        self._given = (num_replicas, rank)
+        if not isinstance(shard, bool):
+            raise TypeError(f"shard must be a bool, got {shard!r}")
+        if not shard and (num_replicas not in (None, 1) or rank not in (None, 0)):
+            raise ValueError(
+                "shard=False serves the whole plan on every process (the framework shards the batches), "
+                f"so num_replicas/rank do not apply: got num_replicas={num_replicas!r}, rank={rank!r}"
+            )
+        self.shard = shard
+        self._given = (num_replicas, rank) if shard else (1, 0)
         self.num_replicas, self.rank = 1, 0
         self._resolve_ranks()
         self.epoch_stats: list[dict[str, Any]] = []
@@ -135,7 +144,7 @@ class PrunedSampler(Sampler[int]):
         dist_on = dist.is_available() and dist.is_initialized()
         if dist_on:
             world = dist.get_world_size(self.process_group)
-            if world != self.num_replicas:
+            if self.shard and world != self.num_replicas:
                 raise ValueError(
                     f"num_replicas={self.num_replicas} but the process group has {world} processes: "
                     "every rank must plan from the same merged scores; leave num_replicas/rank unset to "
