@@ -1,4 +1,5 @@
-"""A/B: ``InfoBatch.update()`` per step, this checkout against an older commit, in one process.
+"""A/B: ``InfoBatch.update()`` per step (or planning an epoch), this checkout against an older
+commit, in one process.
 
 Shared machines are noisy, so two separate ``leanbatch micro update`` runs cannot tell a 10%
 change from load. This script loads the package of another commit side by side (its source
@@ -7,6 +8,7 @@ the same process, and reports the best block of each and their ratio.
 
     python benchmarks/ab_update.py --ref HEAD~1            # batch 128, 60,000 samples
     python benchmarks/ab_update.py --ref main --rounds 30
+    python benchmarks/ab_update.py --ref main --plan 10000000   # planning one epoch of 10M samples
 """
 
 from __future__ import annotations
@@ -70,8 +72,12 @@ def main() -> None:
     ap.add_argument(
         "--threads", type=int, default=1, help="torch CPU threads (1: no spinning on a busy machine)"
     )
+    ap.add_argument("--plan", type=int, default=0, help="time planning an epoch of this many samples instead")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.plan:
+        plan_ab(args)
+        return
     import leanbatch
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -100,6 +106,27 @@ def main() -> None:
         for path in ("update(loss, indices)", "update(loss)"):
             new, old = best[f"{path} | this checkout"], best[f"{path} | ref {args.ref}"]
             print(f"{path}: this checkout / ref = {new / old:.3f}")
+
+
+def plan_ab(args: argparse.Namespace) -> None:
+    """Best time to plan one pruning epoch of ``args.plan`` samples, both versions alternating."""
+    import leanbatch
+
+    scores = torch.empty(args.plan).exponential_(generator=torch.Generator().manual_seed(0))
+    with tempfile.TemporaryDirectory() as tmp:
+        ref = load_ref(args.ref, Path(tmp))
+        best: dict[str, float] = {}
+        for r in range(args.rounds):
+            for name, pkg in (("this checkout", leanbatch), (f"ref {args.ref}", ref)):
+                pol = pkg.InfoBatchPolicy(0.5, num_epochs=4, delta=1.0)
+                t0 = time.perf_counter()
+                pol(scores, 0, torch.Generator().manual_seed(r))
+                ms = (time.perf_counter() - t0) * 1e3
+                if r:
+                    best[name] = min(best.get(name, float("inf")), ms)
+        for name, ms in best.items():
+            print(f"plan {args.plan:,} samples | {name} | {ms:.1f} ms")
+        print(f"this checkout / ref = {best['this checkout'] / best[f'ref {args.ref}']:.3f}")
 
 
 if __name__ == "__main__":

@@ -109,14 +109,17 @@ def _check_common(prune_ratio: float, num_epochs: int, delta: float) -> None:
         )
 
 
-def _drop_mask(candidates: Tensor, q: float, generator: torch.Generator) -> tuple[Tensor, float]:
+def _drop_mask(candidates: Tensor, q: float, generator: torch.Generator) -> tuple[Tensor, float, float]:
     """Drop each candidate with probability ``q' = m / 2**32`` (m = round(q * 2**32)), never all.
 
     Returns the drop mask and the weight of a kept candidate: the exact inverse of its
     inclusion probability. When every sample is a candidate, an epoch with nothing kept is
     not allowed: the draw is conditioned on keeping at least one (an all-dropped draw is
     replaced by one from the conditional distribution, see :func:`_redraw_nonempty`), which
-    makes the inclusion probability ``(1 - q') / (1 - q'**n)`` and the weight its inverse.
+    makes the inclusion probability ``(1 - q') / (1 - q'**n)`` and the weight its inverse
+    (when ``q'**n < 2**-40`` that equals ``1 / (1 - q')`` at float32 precision, and the
+    candidates are not even counted). Returns ``(drop, weight, q')``; an all-dropped draw is
+    replaced in :func:`_plan_from_drop`, which counts the kept samples anyway.
 
     Draws are full-range 64-bit integers read as two uniform int32 each, made in chunks into
     one reused buffer (a fresh array per epoch would cost a page fault per 4 KiB): about half
@@ -134,18 +137,13 @@ def _drop_mask(candidates: Tensor, q: float, generator: torch.Generator) -> tupl
         torch.lt(draws32[: stop - start], cut, out=drop[start:stop])
     drop &= candidates
     q_exact = m / _SCALE
-    num_candidates = int(torch.count_nonzero(candidates))
-    if num_candidates < n or m == 0:  # something is always kept: no conditioning needed
-        return drop, _SCALE / (_SCALE - m)
-    p_empty = q_exact**n
-    if p_empty == 0.0:  # an all-dropped draw is impossible in float64 terms: the plain weight
-        return drop, _SCALE / (_SCALE - m)
-    if bool(drop.all()):
-        _redraw_nonempty(drop, q_exact, p_empty, generator)
-    return drop, (1.0 - p_empty) / (1.0 - q_exact)
+    p_empty = q_exact**n  # the chance of keeping nothing, were every sample a candidate
+    if p_empty < 2**-40 or int(torch.count_nonzero(candidates)) < n:  # negligible, or something always kept
+        return drop, _SCALE / (_SCALE - m), q_exact
+    return drop, (1.0 - p_empty) / (1.0 - q_exact), q_exact
 
 
-def _redraw_nonempty(drop: Tensor, q: float, p_empty: float, generator: torch.Generator) -> None:
+def _redraw_nonempty(drop: Tensor, q: float, generator: torch.Generator) -> None:
     """Overwrite ``drop`` (all True) with a draw of i.i.d. drops conditioned on keeping one.
 
     The first kept position ``j`` follows a geometric law truncated to ``[0, n)``:
@@ -154,6 +152,7 @@ def _redraw_nonempty(drop: Tensor, q: float, p_empty: float, generator: torch.Ge
     conditional distribution, so rejection sampling is not needed.
     """
     n = drop.numel()
+    p_empty = q**n
     u = float(torch.rand((), dtype=torch.float64, generator=generator))
     j = min(n - 1, int(math.floor(math.log1p(-u * (1.0 - p_empty)) / math.log(q)))) if q > 0 else 0
     drop[j] = False
@@ -162,11 +161,21 @@ def _redraw_nonempty(drop: Tensor, q: float, p_empty: float, generator: torch.Ge
         torch.lt(rest, q, out=drop[j + 1 :])
 
 
-def _plan_from_drop(epoch: int, drop: Tensor, weights: Tensor, threshold: float | None) -> Plan:
-    """The sorted indices of the samples not dropped, int32 when they fit, built chunk by chunk."""
+def _plan_from_drop(
+    epoch: int, drop: Tensor, weights: Tensor, threshold: float | None, q: float, generator: torch.Generator
+) -> Plan:
+    """The sorted indices of the samples not dropped, int32 when they fit, built chunk by chunk.
+
+    A draw that dropped everything (possible only when every sample was a candidate) is
+    replaced by one conditioned on keeping at least one (see :func:`_drop_mask`).
+    """
     n = drop.numel()
-    keep = drop.logical_not_()
-    kept = torch.empty(int(torch.count_nonzero(keep)), dtype=torch.int32 if n < 2**31 else torch.int64)
+    count = int(torch.count_nonzero(drop.logical_not_()))
+    keep = drop
+    if count == 0:
+        _redraw_nonempty(keep.logical_not_(), q, generator)
+        count = int(torch.count_nonzero(keep.logical_not_()))
+    kept = torch.empty(count, dtype=torch.int32 if n < 2**31 else torch.int64)
     pos = 0
     for start in range(0, n, _CHUNK):
         part = torch.nonzero(keep[start : start + _CHUNK]).squeeze(1)  # int64 only per chunk
@@ -227,10 +236,10 @@ class InfoBatchPolicy:
         if threshold is None:
             return full_plan(epoch, n)
         below = scores < threshold  # NaN (never scored) compares False: always kept
-        drop, w = _drop_mask(below, self.prune_ratio, generator)
+        drop, w, q = _drop_mask(below, self.prune_ratio, generator)
         weights = _weights(below, w)
         del below
-        return _plan_from_drop(epoch, drop, weights, threshold)
+        return _plan_from_drop(epoch, drop, weights, threshold, q, generator)
 
 
 @dataclass
@@ -272,7 +281,7 @@ class RandomPolicy:
         num_below = int(torch.count_nonzero(scores < threshold))
         q = self.prune_ratio * num_below / num_scored
         scored = ~torch.isnan(scores)
-        drop, w = _drop_mask(scored, q, generator)
+        drop, w, q_exact = _drop_mask(scored, q, generator)
         weights = _weights(scored, w)
         del scored
-        return _plan_from_drop(epoch, drop, weights, threshold)
+        return _plan_from_drop(epoch, drop, weights, threshold, q_exact, generator)
