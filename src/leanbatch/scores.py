@@ -80,7 +80,7 @@ class ScoreTable:
         self._nonfinite = torch.zeros((), dtype=torch.int64, device=dev)
         self._touched: Tensor | None = None  # distributed: what this rank wrote since the last sync
         self._unmerged = False  # this process stored losses no other rank has seen
-        self._numbers: Tensor | None = None  # flush scratch: 0, 1, 2, ... (float32)
+        self._numbers: Tensor | None = None  # flush scratch: 0, 1, 2, ... and -1, -1, ... (int32)
 
     def __getstate__(self) -> dict[str, Any]:
         # Queued writes hold references and version counters that a copy would not keep.
@@ -192,15 +192,15 @@ class ScoreTable:
             idx, new = pending[0][0], pending[0][1]
         else:
             idx, new = torch.cat([p[0] for p in pending]), torch.cat([p[1] for p in pending])
-        step = 1 << 23  # positions stay exact in float32 (see _last_write); parts apply in order
+        step = 1 << 23  # bounded scratch (see _last_write); parts apply in order
         for start in range(0, idx.numel(), step):
             self._write(idx[start : start + step], new[start : start + step])
 
     def _write(self, idx: Tensor, new: Tensor) -> None:
         values = self._values
         new = new.to(values.device, torch.float32, non_blocking=True)
-        finite = new.mul(0.0) == 0.0  # NaN and +-Inf times 0 are NaN; cheaper than isfinite
-        self._nonfinite += finite.numel() - finite.sum()
+        finite = new.abs() < float("inf")  # False for NaN and +-Inf; cheaper than isfinite
+        self._nonfinite += finite.numel() - torch.count_nonzero(finite)
         # Non-finite losses are written to the spare slot past the end instead: no boolean mask.
         dest = torch.where(finite, idx, self.num_samples)
         if self.ema is not None:  # flushed every step (see store): blended with the stored score
@@ -215,20 +215,24 @@ class ScoreTable:
     def _last_write(self, dest: Tensor) -> Tensor:
         """For each queued write, the position in this flush of the last write to the same slot.
 
-        The table's own slots are the scratch: ``scatter_reduce`` with ``amax`` leaves in each
-        slot written now the highest position that wrote it (float32 holds positions exactly),
-        the same whatever order a parallel device applies the writes in; reading them back
+        The table's own slots are the scratch, read as int32: the slots written now are set to
+        -1, then ``scatter_reduce`` with ``amax`` leaves in each the highest position that wrote
+        it, the same whatever order a parallel device applies the writes in; reading them back
         tells every write which value its slot ends with. The caller then overwrites every
         written slot, so nothing of the scratch remains, and no memory is added per sample.
+        Returns int32 positions.
         """
         m, dev = dest.numel(), dest.device
-        numbers = self._numbers
-        if numbers is None or numbers.numel() < m or numbers.device != dev:
-            numbers = torch.arange(m, dtype=torch.float32, device=dev)
-            if m <= 2 * self.flush_every:  # keep the usual size; a one-off large flush does not stay
-                self._numbers = torch.arange(2 * self.flush_every, dtype=torch.float32, device=dev)
-        self._values.scatter_reduce_(0, dest, numbers[:m], "amax", include_self=False)
-        return self._values.index_select(0, dest).long()
+        numbers = self._numbers  # row 0: 0, 1, 2, ...; row 1: -1, -1, ...
+        if numbers is None or numbers.shape[1] < m or numbers.device != dev:
+            size = max(m, min(2 * self.flush_every, 1 << 16))
+            numbers = torch.stack([torch.arange(size), torch.full((size,), -1)]).to(dev, torch.int32)
+            if size <= 1 << 16:  # keep the usual size; a one-off large flush does not stay
+                self._numbers = numbers
+        slots = self._values.view(torch.int32)
+        slots.scatter_(0, dest, numbers[1, :m])
+        slots.scatter_reduce_(0, dest, numbers[0, :m], "amax")
+        return slots.index_select(0, dest)
 
     @property
     def values(self) -> Tensor:
