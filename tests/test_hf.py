@@ -25,7 +25,7 @@ from hf_setup import (
     training_args,
 )
 
-from leanbatch import InfoBatch, Plan, SelectiveBackprop
+from leanbatch import InfoBatch, Plan, ProgressLR, SelectiveBackprop, cosine
 from leanbatch.hf import INDEX_KEY, LeanbatchTrainer, leanbatch_trainer
 
 N = 22  # batches of 4: five full and one of 2 per full epoch
@@ -293,3 +293,41 @@ def test_a_trainer_subclass_keeps_its_own_compute_loss(tmp_path):
     trainer.train()
     assert calls and all(c == ["attention_mask", "input_ids", "labels"] for c in calls)
     assert ds.scores.num_scored() == N - 1 and trainer.state.epoch == 2.0
+
+
+def test_a_progress_lr_passed_in_trains_and_checkpoints(tmp_path):
+    """optimizers=(opt, ProgressLR(...)) is accepted, ends at zero and goes into a Trainer checkpoint."""
+    model = tiny_model()
+    ds = InfoBatch(instruction_data(N), 2, prune_ratio=0.5, delta=1.0, seed=0, shard=False)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    trainer = LeanbatchTrainer(
+        model=model,
+        args=training_args(str(tmp_path), num_train_epochs=2, save_strategy="epoch"),
+        train_dataset=ds,
+        data_collator=PadCollator(),
+        optimizers=(opt, ProgressLR(opt, ds, cosine())),
+    )
+    trainer.train()
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.0, abs=1e-12)
+    step = trainer.state.global_step
+    assert (
+        torch.load(tmp_path / f"checkpoint-{step}" / "scheduler.pt", weights_only=True)["last_epoch"] == step
+    )
+
+
+def test_packed_batches_are_refused(tmp_path):
+    """A padding-free collator (shift_labels, several sequences per row) cannot be scored per sequence."""
+
+    def packed(features):
+        batch = PadCollator()(features)
+        batch["shift_labels"] = batch["labels"][:, 1:]
+        return batch
+
+    trainer = LeanbatchTrainer(
+        model=tiny_model(),
+        args=training_args(str(tmp_path), num_train_epochs=2),
+        train_dataset=InfoBatch(instruction_data(8), 2, shard=False),
+        data_collator=packed,
+    )
+    with pytest.raises(ValueError, match="pad the batch instead"):
+        trainer.train()

@@ -250,6 +250,11 @@ class LeanbatchMixin(_Base):
                 f"a training batch arrived without its dataset indices (batch key {INDEX_KEY!r}): train with "
                 "the trainer's own train dataloader and a collator that returns a dict"
             )
+        if "shift_labels" in inputs:
+            raise ValueError(
+                "the batch holds shift_labels (a padding-free or packed collator: one row, several "
+                "sequences), but InfoBatch scores and weights one sequence per row; pad the batch instead"
+            )
         inputs = {k: v for k, v in inputs.items() if k != INDEX_KEY}  # the model never sees them
         plan = ds.sampler.consume(self._lb_trained(ds, len(rows)))
         self._lb_step = (rows, plan)
