@@ -202,13 +202,18 @@ def test_accumulation_schedule_and_epochs_match_a_hand_reference(tmp_path):
 
 
 def test_random_pruning_and_selective_backprop(tmp_path):
-    """Random pruning prunes; Selective Backprop trains whole sequences and counts only their tokens."""
+    """Random pruning prunes; Selective Backprop trains whole sequences and counts only their tokens.
+
+    Two loader workers read batches ahead of training (prefetch), which the ledger absorbs.
+    """
     data = instruction_data(N)
     ds = InfoBatch(data, 3, prune_ratio=0.5, delta=0.67, seed=2, policy="random", shard=False)
     sb = SelectiveBackprop(start=0.0, end=1.0, keep=0.5, scale_factor=1.0, interrupt=2, seed=4)
     trainer = Recorder(
         model=tiny_model(),
-        args=training_args(str(tmp_path), num_train_epochs=3, gradient_accumulation_steps=2),
+        args=training_args(
+            str(tmp_path), num_train_epochs=3, gradient_accumulation_steps=2, dataloader_num_workers=2
+        ),
         train_dataset=ds,
         data_collator=PadCollator(),
         selective_backprop=sb,
@@ -223,6 +228,10 @@ def test_random_pruning_and_selective_backprop(tmp_path):
         group_items[m["step"]] = group_items.get(m["step"], 0) + m["labels_kept"]
     assert all(m["num_items"] == group_items[m["step"]] for m in trainer.micro)
     assert trainer.state.epoch == 3.0 and ds.progress == 1.0
+    for e in range(3):  # every epoch trained exactly its plan, whatever the workers read ahead
+        trained = sorted(i for m in trainer.micro if m["epoch"] == e for i in m["indices"])
+        kept, _ = trainer.plans[e]
+        assert trained == (list(range(N)) if kept is None else sorted(kept))
 
 
 def _refusal(tmp_path, match, args=None, **kw):
@@ -267,6 +276,9 @@ def test_misconfigurations_are_refused_with_the_fix(tmp_path):
         ),
         (r"must be a leanbatch.SelectiveBackprop", {"selective_backprop": "sb"}),
         (r"nothing to do", {"train_dataset": data}),
+        (r"sets num_epochs itself", {"train_dataset": data, "infobatch": {"num_epochs": 2}}),
+        (r"not both", {"infobatch": {"prune_ratio": 0.5}}),
+        (r"dict of InfoBatch settings", {"train_dataset": data, "infobatch": 0.5}),
     ]
     for match, kw in refusals:
         _refusal(tmp_path, match, **kw)
@@ -283,13 +295,15 @@ def test_a_trainer_subclass_keeps_its_own_compute_loss(tmp_path):
             calls.append(sorted(inputs))
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
-    ds = InfoBatch(instruction_data(N), 2, prune_ratio=0.5, delta=1.0, seed=0, shard=False)
-    trainer = leanbatch_trainer(Counting)(
+    trainer = leanbatch_trainer(Counting)(  # infobatch={...}: wraps the dataset the trainer prepared
         model=tiny_model(),
         args=training_args(str(tmp_path), num_train_epochs=2),
-        train_dataset=ds,
+        train_dataset=instruction_data(N),
         data_collator=PadCollator(),
+        infobatch={"prune_ratio": 0.5, "delta": 1.0, "seed": 0},
     )
+    ds = trainer.infobatch
+    assert ds is trainer.train_dataset and ds.num_epochs == 2 and not ds.sampler.shard
     trainer.train()
     assert calls and all(c == ["attention_mask", "input_ids", "labels"] for c in calls)
     assert ds.scores.num_scored() == N - 1 and trainer.state.epoch == 2.0

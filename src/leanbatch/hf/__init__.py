@@ -76,11 +76,14 @@ __all__ = [
 class LeanbatchTrainer(LeanbatchMixin, Trainer):
     """``transformers.Trainer`` with InfoBatch (or random pruning) and/or Selective Backprop.
 
-    Arguments: those of ``Trainer``, with ``train_dataset`` an
-    ``InfoBatch(train_set, num_epochs, ..., shard=False)`` to prune (``num_epochs`` equal to
-    ``args.num_train_epochs``), and ``selective_backprop=SelectiveBackprop(...,
-    scale_factor=1.0)`` to select. Either alone, or both. Unsupported settings are refused
-    here, each with the argument to change.
+    Arguments: those of ``Trainer``, and to prune either ``train_dataset=InfoBatch(train_set,
+    num_epochs, ..., shard=False)`` (``num_epochs`` equal to ``args.num_train_epochs``) or
+    ``infobatch={...}``, InfoBatch's other settings (``prune_ratio``, ``delta``, ``seed``,
+    ``policy``, ...), which wraps the training set as the trainer prepared it (trl's
+    ``SFTTrainer`` wants a ``datasets.Dataset`` and tokenizes it in its ``__init__``); to
+    select, ``selective_backprop=SelectiveBackprop(..., scale_factor=1.0)``. Pruning or
+    selection alone, or both. Unsupported settings are refused here, each with the argument
+    to change.
 
     Attributes: ``infobatch`` (the InfoBatch or ``None``), ``selective_backprop``.
 
@@ -111,9 +114,10 @@ _CLASSES: dict[type, type] = {Trainer: LeanbatchTrainer}
 def leanbatch_trainer(trainer_cls: type[Trainer]) -> type[Trainer]:
     """The class ``trainer_cls`` extended with leanbatch (``LeanbatchTrainer`` for ``Trainer``).
 
-    Works for ``Trainer`` subclasses (e.g. trl's trainers) whose ``compute_loss`` calls
-    ``super().compute_loss`` (the adapter's loss goes through ``compute_loss_func``) and
-    that keep the Trainer's training loop. The same class is returned for the same input.
+    Works for ``Trainer`` subclasses that keep the Trainer's training loop and whose
+    ``compute_loss`` calls ``super().compute_loss`` or the ``compute_loss_func`` hook, which
+    the adapter's loss goes through (trl 1.16's ``SFTTrainer`` calls the hook; pass it
+    ``infobatch={...}``). The same class is returned for the same input.
 
     Example:
         >>> from transformers import Trainer

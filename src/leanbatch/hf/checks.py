@@ -1,5 +1,7 @@
 """What the adapter refuses, at construction, with the argument to change and how.
 
+(And :func:`wrap_train_dataset`, which builds the InfoBatch from ``infobatch=`` settings.)
+
 Each refusal stands for a Trainer or accelerate setting that would make training silently
 different from what InfoBatch or Selective Backprop promise (a second sharding, a step-count
 schedule that never ends, samples trained twice or never, a loss the weights cannot reach).
@@ -7,6 +9,7 @@ schedule that never ends, samples trained twice or never, a loss the weights can
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from torch.optim.lr_scheduler import ReduceLROnPlateau
@@ -15,7 +18,38 @@ from leanbatch.infobatch import InfoBatch
 from leanbatch.schedule import ProgressLR
 from leanbatch.selection import SelectiveBackprop
 
-__all__ = ["check_setup"]
+__all__ = ["check_setup", "wrap_train_dataset"]
+
+
+def wrap_train_dataset(trainer: Any, settings: Any) -> InfoBatch:
+    """``InfoBatch(trainer.train_dataset, num_epochs=args.num_train_epochs, shard=False, **settings)``.
+
+    For ``LeanbatchTrainer(..., infobatch={...})``: the trainer's own training set (as its
+    ``__init__`` prepared it) is wrapped, with the two arguments the Trainer decides.
+
+    Example:
+        >>> class Args:
+        ...     num_train_epochs = 3
+        >>> class T:
+        ...     args, train_dataset = Args(), list(range(10))
+        >>> ds = wrap_train_dataset(T(), {"prune_ratio": 0.3, "policy": "random"})
+        >>> ds.num_epochs, ds.prune_ratio, ds.sampler.shard, len(ds)
+        (3, 0.3, False, 10)
+    """
+    if not isinstance(settings, Mapping):
+        raise TypeError(
+            f"infobatch must be a dict of InfoBatch settings, e.g. {{'prune_ratio': 0.5, 'delta': 0.875}}, got "
+            f"{type(settings).__name__}; or pass train_dataset=InfoBatch(..., shard=False) instead"
+        )
+    for key in ("num_epochs", "shard", "dataset"):
+        if key in settings:
+            raise ValueError(f"infobatch={{..., {key!r}: ...}}: the trainer sets {key} itself; leave it out")
+    if isinstance(trainer.train_dataset, InfoBatch):
+        raise ValueError("train_dataset is already an InfoBatch: pass it or infobatch={...}, not both")
+    epochs = trainer.args.num_train_epochs
+    if float(epochs) != int(epochs):
+        raise ValueError(f"args.num_train_epochs={epochs}: InfoBatch plans whole epochs; use an integer")
+    return InfoBatch(trainer.train_dataset, int(epochs), shard=False, **settings)
 
 
 def check_setup(trainer: Any, infobatch: InfoBatch | None, sb: Any) -> None:

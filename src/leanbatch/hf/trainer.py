@@ -31,7 +31,7 @@ from torch.utils.data import Sampler
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from leanbatch.hf.checks import check_setup
+from leanbatch.hf.checks import check_setup, wrap_train_dataset
 from leanbatch.hf.data import INDEX_KEY, IndexCollator, IndexedDataset, Rows
 from leanbatch.hf.losses import sequence_scores, token_losses, weighted_loss
 from leanbatch.infobatch import InfoBatch
@@ -121,8 +121,17 @@ def _by_progress(
 class LeanbatchMixin(_Base):
     """The overrides; combine with any ``Trainer`` class through :func:`leanbatch.hf.leanbatch_trainer`."""
 
-    def __init__(self, *args: Any, selective_backprop: SelectiveBackprop | None = None, **kwargs: Any):
+    def __init__(
+        self,
+        *args: Any,
+        infobatch: Mapping[str, Any] | None = None,
+        selective_backprop: SelectiveBackprop | None = None,
+        **kwargs: Any,
+    ):
         super().__init__(*args, **kwargs)
+        if infobatch is not None:  # around the dataset as the trainer prepared it (trl tokenizes in __init__)
+            wrapped: Any = wrap_train_dataset(self, infobatch)
+            self.train_dataset = wrapped
         ds = self.train_dataset if isinstance(self.train_dataset, InfoBatch) else None
         check_setup(self, ds, selective_backprop)
         self.infobatch: InfoBatch | None = ds
