@@ -1,13 +1,12 @@
-"""Resuming a leanbatch Trainer run from a checkpoint mid-epoch equals the uninterrupted run.
+"""Resuming a leanbatch Trainer run from a checkpoint equals the uninterrupted run.
 
-The checkpoint is taken inside a pruned epoch where the Trainer's own guess of the epoch
-(``global_step // steps_per_full_epoch``) is wrong, with InfoBatch and Selective Backprop
-stacked and gradient accumulation on.
+Two checkpoints: one inside a pruned epoch where the Trainer's own guess of the epoch
+(``global_step // steps_per_full_epoch``) is wrong, one at the end of an epoch followed by a
+pruned one; InfoBatch and Selective Backprop stacked, gradient accumulation on.
 """
 
 from __future__ import annotations
 
-import math
 import os
 
 import pytest
@@ -48,7 +47,7 @@ def _run(out: str, model_seed: int, resume: str | None = None):
     return trainer, trace
 
 
-def test_resume_mid_epoch_equals_the_uninterrupted_run(tmp_path):
+def test_resume_mid_epoch_or_at_its_end_equals_the_uninterrupted_run(tmp_path):
     full, full_trace = _run(str(tmp_path / "full"), model_seed=0)
     ds, sb = full.infobatch, full.selective_backprop
     assert [s["pruning"] for s in ds.epoch_stats] == [False, True, True, True, False]
@@ -62,28 +61,36 @@ def test_resume_mid_epoch_equals_the_uninterrupted_run(tmp_path):
         if e != int(e) and ds.epoch_stats[int(e)]["pruning"] and s // STEPS_PER_FULL_EPOCH != int(e)
     ]
     assert mid, epochs
-    step = mid[0]
-    ckpt = os.path.join(str(tmp_path / "full"), f"checkpoint-{step}")
-    saved = torch.load(os.path.join(ckpt, STATE_FILE), weights_only=True)  # tensors and plain values
+    # and the end of an epoch followed by a pruned one (the checkpoint's epoch is finished)
+    boundary = [
+        s
+        for s, e in sorted(epochs.items())
+        if e == int(e) and 0 < e < EPOCHS and ds.epoch_stats[int(e)]["pruning"]
+    ]
+    assert boundary, epochs
+    saved = torch.load(
+        os.path.join(str(tmp_path / "full"), f"checkpoint-{mid[0]}", STATE_FILE), weights_only=True
+    )
     assert saved["infobatch"]["sampler"]["position"] > 0 and saved["selective_backprop"]["draws"] > 0
 
-    resumed, resumed_trace = _run(str(tmp_path / "resumed"), model_seed=1, resume=ckpt)
-    rds, rsb = resumed.infobatch, resumed.selective_backprop
-    assert resumed.state.global_step == full.state.global_step
-    assert resumed.state.epoch == EPOCHS
-    torch.testing.assert_close(params(resumed.model), params(full.model), rtol=0, atol=0)
-    torch.testing.assert_close(rds.scores.values, ds.scores.values, rtol=0, atol=0, equal_nan=True)
-    assert rds.epoch_stats == ds.epoch_stats
-    assert rsb.state_dict() == sb.state_dict()
-
-    def logged_after(trainer):
+    def logged_after(trainer, step):
         return [(h["step"], h["loss"], h["learning_rate"]) for h in trainer.state.log_history if "loss" in h][
             step:
         ]
 
-    assert logged_after(resumed) == logged_after(full) and len(logged_after(full)) > 3
-    assert resumed_trace.lrs == full_trace.lrs[step:]
-    assert resumed_trace.epochs == [float(e) for e in range(math.ceil(epochs[step]), EPOCHS + 1)]
+    for step in (mid[0], boundary[-1]):
+        ckpt = os.path.join(str(tmp_path / "full"), f"checkpoint-{step}")
+        resumed, resumed_trace = _run(str(tmp_path / f"resumed-{step}"), model_seed=1, resume=ckpt)
+        rds, rsb = resumed.infobatch, resumed.selective_backprop
+        assert resumed.state.global_step == full.state.global_step
+        assert resumed.state.epoch == EPOCHS
+        torch.testing.assert_close(params(resumed.model), params(full.model), rtol=0, atol=0)
+        torch.testing.assert_close(rds.scores.values, ds.scores.values, rtol=0, atol=0, equal_nan=True)
+        assert rds.epoch_stats == ds.epoch_stats
+        assert rsb.state_dict() == sb.state_dict()
+        assert logged_after(resumed, step) == logged_after(full, step) and len(logged_after(full, step)) > 3
+        assert resumed_trace.lrs == full_trace.lrs[step:]
+        assert resumed_trace.epochs == [float(e) for e in range(int(epochs[step]) + 1, EPOCHS + 1)]
 
 
 def test_resume_needs_the_leanbatch_state(tmp_path):
