@@ -273,3 +273,21 @@ def test_explicit_indices_aliasing_a_reused_numpy_array_are_stored_as_they_were(
     ds.update(torch.tensor([0.75, 0.125]), torch.from_numpy(buf))
     v = ds.scores.values
     assert v[[0, 1, 8, 9]].tolist() == [0.5, 0.25, 0.75, 0.125]
+
+
+def test_progress_lr_state_saves_and_resumes(tmp_path):
+    """The scheduler's state goes through torch.save / torch.load(weights_only=True), as checkpoints do."""
+    done = [0.25]
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    sched = ProgressLR(opt, lambda: done[0], cosine())
+    opt.step()
+    sched.step()
+    torch.save(sched.state_dict(), tmp_path / "sched.pt")
+    opt2 = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    resumed = ProgressLR(opt2, lambda: done[0], cosine())
+    resumed.load_state_dict(torch.load(tmp_path / "sched.pt", weights_only=True))
+    assert resumed.last_epoch == sched.last_epoch == 1
+    done[0] = 0.5
+    opt2.step()
+    resumed.step()
+    assert opt2.param_groups[0]["lr"] == pytest.approx(0.05)  # still driven by its own progress source

@@ -72,3 +72,23 @@ class ProgressLR(LambdaLR):
             raise TypeError("progress must be a callable or an object with a .progress attribute (InfoBatch)")
         self._fn = lr_lambda
         super().__init__(optimizer, lambda _step: self._fn(self._progress()))
+
+    def state_dict(self) -> dict[str, Any]:
+        """``LambdaLR``'s state without the progress source and the multiplier.
+
+        They are functions, not state (a lambda cannot even be pickled): the state is what
+        ``torch.save`` and ``torch.load(weights_only=True)`` carry in a checkpoint, and the
+        scheduler it is loaded into keeps its own.
+
+        Example:
+            >>> import io, torch
+            >>> opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+            >>> sched = ProgressLR(opt, lambda: 0.5, cosine())
+            >>> buf = io.BytesIO(); torch.save(sched.state_dict(), buf); _ = buf.seek(0)
+            >>> sorted(k for k in torch.load(buf, weights_only=True) if k.startswith("_p") or k == "_fn")
+            []
+        """
+        state = super().state_dict()
+        state.pop("_progress", None)
+        state.pop("_fn", None)
+        return state

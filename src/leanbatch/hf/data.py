@@ -1,0 +1,151 @@
+"""Dataset indices that travel with Hugging Face batches and never reach the model.
+
+The Trainer's data path is: dataset items -> ``RemoveColumnsCollator`` (keeps only the
+model's ``forward`` arguments and the label columns, when ``remove_unused_columns``) ->
+the user's collator -> accelerate (device placement, sharding of batches). Each item of
+:class:`IndexedDataset` carries its dataset index under :data:`INDEX_KEY`; the adapter adds
+that key to the Trainer's signature columns so it survives ``remove_unused_columns``, and
+:class:`IndexCollator` takes it out of every item before the user's collator runs and puts
+the whole batch's indices back as one :class:`Rows` object. ``Rows`` is not a tensor and
+has no ``.to``, so neither accelerate nor the Trainer moves it: the indices stay on the CPU,
+where reading them costs no device synchronisation. The Trainer subclass removes the key
+before ``forward``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, MutableMapping
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset
+
+__all__ = ["INDEX_KEY", "IndexCollator", "IndexedDataset", "Rows"]
+
+INDEX_KEY = "leanbatch_index"
+"""The batch key under which each batch carries its :class:`Rows` (removed before ``forward``)."""
+
+
+class Rows:
+    """The dataset indices of one collated batch, carried beside the model inputs.
+
+    Attributes:
+        indices: int64 CPU tensor ``(n,)``, the dataset index of every row as collated.
+        labelled: bool CPU tensor ``(n,)``: the row has at least one labelled token (a
+            label other than -100 among those the loss uses); rows without one get no score.
+        positions: rows Selective Backprop kept for the training pass (on the batch's
+            device), or ``None`` when the whole batch is trained.
+
+    Example:
+        >>> import torch
+        >>> rows = Rows(torch.tensor([7, 3, 5]), torch.tensor([True, False, True]))
+        >>> len(rows), rows.all_labelled, rows
+        (3, False, Rows([7, 3, 5]))
+    """
+
+    __slots__ = ("indices", "labelled", "positions")
+
+    def __init__(self, indices: Tensor, labelled: Tensor, positions: Tensor | None = None):
+        self.indices = indices
+        self.labelled = labelled
+        self.positions = positions
+
+    def __len__(self) -> int:
+        return int(self.indices.shape[0])
+
+    @property
+    def all_labelled(self) -> bool:
+        """Whether every row has a labelled token (the usual case; read on the CPU)."""
+        return bool(self.labelled.all())
+
+    def __repr__(self) -> str:
+        return f"Rows({self.indices.tolist()})"
+
+
+class _Tagged:
+    """A non-dict item and its dataset index (``RemoveColumnsCollator`` passes it through)."""
+
+    __slots__ = ("index", "item")
+
+    def __init__(self, index: int, item: Any):
+        self.index, self.item = index, item
+
+
+class IndexedDataset(Dataset):
+    """``dataset[i]`` with its index ``i`` attached, for the training loader only.
+
+    A dict item gets the key :data:`INDEX_KEY`; any other item is wrapped so that the
+    collator can untag it. Nothing else of the wrapped dataset is exposed (in particular no
+    ``set_epoch``, which accelerate would call with its own epoch numbers).
+
+    Example:
+        >>> ds = IndexedDataset([{"input_ids": [1, 2]}, {"input_ids": [3]}])
+        >>> len(ds), ds[1]
+        (2, {'input_ids': [3], 'leanbatch_index': 1})
+    """
+
+    def __init__(self, dataset: Any):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Any:
+        item = self.dataset[index]
+        if type(item) is dict:  # what RemoveColumnsCollator filters: the key must be a column
+            if INDEX_KEY in item:
+                raise ValueError(f"the dataset's items already hold a {INDEX_KEY!r} column; rename it")
+            return {**item, INDEX_KEY: int(index)}
+        return _Tagged(int(index), item)
+
+
+class IndexCollator:
+    """Wraps the Trainer's collator: untags the items, collates them, attaches :class:`Rows`.
+
+    Batches of untagged items (evaluation, prediction) go through the wrapped collator as
+    they are. ``shift`` says whether the loss predicts token ``t + 1`` at position ``t``
+    (causal language models), which decides whether a row's first label counts.
+
+    Example:
+        >>> import torch
+        >>> def collate(items):
+        ...     return {"labels": torch.tensor([it["labels"] for it in items])}
+        >>> items = IndexedDataset([{"labels": [5, 6]}, {"labels": [-100, 6]}, {"labels": [4, -100]}])
+        >>> batch = IndexCollator(collate, shift=True)([items[0], items[1], items[2]])
+        >>> batch["leanbatch_index"], batch["leanbatch_index"].labelled.tolist()
+        (Rows([0, 1, 2]), [True, True, False])
+    """
+
+    def __init__(self, collate_fn: Callable[[list[Any]], Any], shift: bool):
+        self.collate_fn = collate_fn
+        self.shift = shift
+
+    def __call__(self, features: list[Any]) -> Any:
+        first = features[0] if features else None
+        if not (isinstance(first, _Tagged) or (isinstance(first, Mapping) and INDEX_KEY in first)):
+            return self.collate_fn(features)
+        indices, items = [], []
+        for f in features:
+            if isinstance(f, _Tagged):
+                indices.append(f.index)
+                items.append(f.item)
+            else:
+                indices.append(f[INDEX_KEY])
+                items.append({k: v for k, v in f.items() if k != INDEX_KEY})
+        batch = self.collate_fn(items)
+        if not isinstance(batch, MutableMapping):
+            raise TypeError(
+                f"the data collator returned a {type(batch).__name__}; the Trainer (and leanbatch.hf) need a "
+                "dict of model inputs, e.g. {'input_ids': ..., 'attention_mask': ..., 'labels': ...}"
+            )
+        idx = torch.tensor(indices, dtype=torch.int64)
+        batch[INDEX_KEY] = Rows(idx, self._labelled(batch.get("labels"), len(indices)))
+        return batch
+
+    def _labelled(self, labels: Any, n: int) -> Tensor:
+        if not isinstance(labels, Tensor) or labels.dim() == 0 or labels.shape[0] != n:
+            return torch.ones(n, dtype=torch.bool)  # no token labels here: the loss says what is wrong
+        if self.shift and labels.dim() > 1:
+            labels = labels[:, 1:]
+        return (labels != -100).reshape(n, -1).any(dim=1).cpu()

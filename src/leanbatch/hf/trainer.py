@@ -1,0 +1,366 @@
+"""``LeanbatchTrainer`` / ``leanbatch_trainer``: the Trainer overrides that wire in the core.
+
+What each override handles (the Trainer and accelerate behaviour is in the package docstring):
+
+- ``get_train_dataloader`` / ``_get_train_sampler`` / ``_set_signature_columns_if_needed``:
+  the InfoBatch sampler serves the global plan; every item carries its index, which
+  survives ``remove_unused_columns``.
+- ``training_step``: takes the indices out before ``forward`` and marks the global batch
+  trained (each process trains one of ``num_processes`` batches per round); the loss
+  function (``compute_loss_func``) then scores each sequence and weights its tokens.
+- ``get_batch_samples``: Selective Backprop picks the sequences of every micro-batch of an
+  accumulation group before any is trained, so ``num_items_in_batch`` counts what is trained.
+- ``_run_epoch``: runs the epoch InfoBatch stands in, with its own length, so the last
+  partial accumulation group steps the optimizer and a resumed run skips nothing twice.
+- ``create_scheduler``: the Trainer's schedule, driven by the fraction of training done.
+- ``_save_checkpoint`` / ``_load_optimizer_and_scheduler``: the pruning and selection state
+  travels in ``leanbatch_state.pt`` inside each checkpoint folder.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, cast
+
+import torch
+from torch import Tensor
+from torch.optim.lr_scheduler import LambdaLR
+from torch.utils.data import Sampler
+from transformers import Trainer, TrainerCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+from leanbatch.hf.checks import check_setup, wrap_train_dataset
+from leanbatch.hf.data import INDEX_KEY, IndexCollator, IndexedDataset, Rows
+from leanbatch.hf.losses import sequence_scores, token_losses, weighted_loss
+from leanbatch.infobatch import InfoBatch
+from leanbatch.policies import Plan
+from leanbatch.selection import SelectiveBackprop
+
+__all__ = ["STATE_FILE", "LeanbatchMixin"]
+
+STATE_FILE = "leanbatch_state.pt"
+"""The file in each checkpoint folder that holds the pruning and selection state."""
+
+_NEEDED = (
+    "_run_epoch",
+    "_get_num_items_in_batch",
+    "_get_dataloader",
+    "_set_signature_columns_if_needed",
+    "_load_optimizer_and_scheduler",
+    "_save_checkpoint",
+    "_get_output_dir",
+)
+if any(not hasattr(Trainer, name) for name in _NEEDED):  # pragma: no cover - older transformers
+    raise ImportError(
+        "leanbatch.hf needs transformers>=5.24 (its Trainer lacks "
+        f"{[n for n in _NEEDED if not hasattr(Trainer, n)]}): pip install 'leanbatch[transformers]'"
+    )
+_RUN_EPOCH = inspect.signature(Trainer._run_epoch)
+
+_Base: Any = Trainer if TYPE_CHECKING else object
+
+
+class _PlanSampler(Sampler[int]):
+    """InfoBatch's sampler as the Trainer sees it: the global plan, and no ``set_epoch``.
+
+    Epochs advance inside the core (an epoch ends when it has been trained); the Trainer's
+    and accelerate's own epoch numbers, wrong after a resume, never reach the plan.
+    """
+
+    def __init__(self, infobatch: InfoBatch):
+        self.infobatch = infobatch
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.infobatch.sampler)
+
+    def __len__(self) -> int:
+        return len(self.infobatch.sampler)
+
+
+class _SelectionLoss:
+    """Selective Backprop's per-sequence loss: mean token loss over labelled tokens (0 without one)."""
+
+    def __init__(self, shift: bool):
+        self.shift = shift
+
+    def __call__(self, logits: Tensor, labels: Tensor, reduction: str = "none") -> Tensor:
+        tok, counted = token_losses(logits, labels, self.shift)
+        return tok.sum(dim=1) / counted.clamp(min=1)
+
+
+class _EpochCallback(TrainerCallback):
+    """Sets ``state.epoch`` from what InfoBatch has trained (the Trainer counts full-length epochs)."""
+
+    def __init__(self, infobatch: InfoBatch):
+        self.infobatch = infobatch
+
+    def _fix(self, state: Any) -> None:
+        epoch, pos, length, done = self.infobatch.sampler.position()
+        state.epoch = float(epoch + 1) if done else epoch + (pos / length if length else 0.0)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._fix(state)
+
+    def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self._fix(state)
+
+
+def _by_progress(
+    f: Callable[..., float], progress: Callable[[], float], total: int
+) -> Callable[[int], float]:
+    """The schedule ``f`` of the optimizer step, evaluated at ``progress * total`` instead."""
+
+    def multiplier(_step: int) -> float:  # a plain function: LambdaLR.state_dict does not save it
+        return f(progress() * total)
+
+    return multiplier
+
+
+class LeanbatchMixin(_Base):
+    """The overrides; combine with any ``Trainer`` class through :func:`leanbatch.hf.leanbatch_trainer`."""
+
+    def __init__(
+        self,
+        *args: Any,
+        infobatch: Mapping[str, Any] | None = None,
+        selective_backprop: SelectiveBackprop | None = None,
+        **kwargs: Any,
+    ):
+        super().__init__(*args, **kwargs)
+        if infobatch is not None:  # around the dataset as the trainer prepared it (trl tokenizes in __init__)
+            wrapped: Any = wrap_train_dataset(self, infobatch)
+            self.train_dataset = wrapped
+        ds = self.train_dataset if isinstance(self.train_dataset, InfoBatch) else None
+        check_setup(self, ds, selective_backprop)
+        self.infobatch: InfoBatch | None = ds
+        self.selective_backprop: SelectiveBackprop | None = selective_backprop
+        self._lb_step: tuple[Rows, Plan] | None = None  # the micro-batch being trained
+        self._lb_round = 0  # samples the processes train together per micro-batch
+        self._lb_first_epoch: int | None = None
+        self._lb_updates_per_epoch = 1
+        self._lb_selection_loss = _SelectionLoss(self._loss_shifts_labels)
+        if ds is not None:
+            loss_fn: Any = self._leanbatch_loss
+            collator: Any = IndexCollator(cast(Any, self).data_collator, shift=self._loss_shifts_labels)
+            self.compute_loss_func, self.data_collator = loss_fn, collator
+            self.callback_handler.callbacks.insert(0, _EpochCallback(ds))
+
+    # ------------------------------------------------------------------ data
+    def _set_signature_columns_if_needed(self) -> None:
+        super()._set_signature_columns_if_needed()
+        if self.infobatch is not None and INDEX_KEY not in self._signature_columns:
+            self._signature_columns.append(INDEX_KEY)  # survives remove_unused_columns
+
+    def _get_train_sampler(self, train_dataset: Any = None) -> Sampler | None:
+        if self.infobatch is None:
+            return super()._get_train_sampler(train_dataset)
+        return _PlanSampler(self.infobatch)
+
+    def get_train_dataloader(self) -> Any:
+        ds = self.infobatch
+        if ds is None:
+            return super().get_train_dataloader()
+        if self.train_dataset is not ds:
+            raise ValueError(
+                "trainer.train_dataset is no longer the InfoBatch the trainer was built with: build a new "
+                "trainer with train_dataset=InfoBatch(...)"
+            )
+        self._lb_first_epoch = None  # a new train() call
+        loader = self._get_dataloader(
+            dataset=IndexedDataset(ds.dataset),
+            description="Training",
+            batch_size=self._train_batch_size,
+            sampler_fn=self._get_train_sampler,
+            is_training=True,
+        )
+        total = getattr(loader, "total_batch_size", None)
+        self._lb_round = int(total) if total else self._train_batch_size * self.accelerator.num_processes
+        return loader
+
+    # ------------------------------------------------------------------ epochs
+    def _run_epoch(self, *args: Any, **kwargs: Any) -> Any:
+        bound = _RUN_EPOCH.bind(self, *args, **kwargs)
+        a = bound.arguments
+        self._lb_updates_per_epoch = max(1, int(a["num_update_steps_per_epoch"]))
+        ds = self.infobatch
+        if ds is None:
+            return super()._run_epoch(*args, **kwargs)
+        epoch = ds.epoch
+        if epoch >= ds.num_epochs:  # everything trained: the Trainer's epoch count ran long (a resume)
+            self.control.should_training_stop = True
+            return None
+        steps = len(a["train_dataloader"])  # plans the epoch now, on every process at once
+        ga = self.args.gradient_accumulation_steps
+        if self._lb_first_epoch is None:
+            self._lb_first_epoch = epoch
+        a.update(
+            epoch=epoch,
+            steps_in_epoch=steps,
+            num_update_steps_per_epoch=max(1, -(-steps // ga)),
+            epochs_trained=self._lb_first_epoch,  # restores the RNG state once, in the resumed epoch
+            steps_trained_in_current_epoch=0,  # the sampler resumes where training stopped: skip nothing
+        )
+        out = super()._run_epoch(*bound.args[1:], **bound.kwargs)
+        if not self.control.should_training_stop and ds.epoch == epoch:
+            ds.set_epoch(epoch + 1)  # dataloader_drop_last left a remainder, or a callback ended the epoch
+        return out
+
+    # ------------------------------------------------------------------ steps
+    def get_batch_samples(
+        self, epoch_iterator: Iterator[Any], num_batches: int, device: Any
+    ) -> tuple[list, Any]:
+        sb = self.selective_backprop
+        if sb is None:
+            return super().get_batch_samples(epoch_iterator, num_batches, device)
+        batches = []
+        for _ in range(num_batches):
+            try:
+                batches.append(next(epoch_iterator))
+            except StopIteration:
+                break
+        if batches:
+            progress, first = self._lb_position()
+            self.model.train()  # the selection pass sees the model as the training pass will
+            batches = [self._lb_select(sb, b, progress, first + i) for i, b in enumerate(batches)]
+        return batches, self._get_num_items_in_batch(batches, device)
+
+    def _lb_position(self) -> tuple[float, int]:
+        """(progress, index in its epoch of the next micro-batch), equal on every process."""
+        ds = self.infobatch
+        if ds is None:
+            state = self.state
+            steps_done = state.global_step % self._lb_updates_per_epoch
+            return state.global_step / max(
+                1, state.max_steps
+            ), steps_done * self.args.gradient_accumulation_steps
+        it = ds.sampler.serving(1)
+        return ds.progress, (it.trained // max(1, self._lb_round) if it is not None else 0)
+
+    def _lb_select(self, sb: SelectiveBackprop, batch: Any, progress: float, batch_idx: int) -> Any:
+        rows = batch.get(INDEX_KEY) if isinstance(batch, Mapping) else None
+        inputs = {k: v for k, v in batch.items() if k != INDEX_KEY} if rows is not None else batch
+        sel = sb.select(inputs, self.model, self._lb_selection_loss, progress=progress, batch_idx=batch_idx)
+        if sel.positions is None:
+            return batch
+        out = sel.batch
+        if isinstance(rows, Rows):
+            out[INDEX_KEY] = Rows(rows.indices, rows.labelled, sel.positions)
+        return out
+
+    def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> Tensor:
+        ds = self.infobatch
+        if ds is None:
+            return super().training_step(model, inputs, num_items_in_batch)
+        rows = inputs.get(INDEX_KEY) if isinstance(inputs, Mapping) else None
+        if not isinstance(rows, Rows):
+            raise RuntimeError(
+                f"a training batch arrived without its dataset indices (batch key {INDEX_KEY!r}): train with "
+                "the trainer's own train dataloader and a collator that returns a dict"
+            )
+        if "shift_labels" in inputs:
+            raise ValueError(
+                "the batch holds shift_labels (a padding-free or packed collator: one row, several "
+                "sequences), but InfoBatch scores and weights one sequence per row; pad the batch instead"
+            )
+        inputs = {k: v for k, v in inputs.items() if k != INDEX_KEY}  # the model never sees them
+        plan = ds.sampler.consume(self._lb_trained(ds, len(rows)))
+        self._lb_step = (rows, plan)
+        try:
+            return super().training_step(model, inputs, num_items_in_batch)
+        finally:
+            self._lb_step = None
+
+    def _lb_trained(self, ds: InfoBatch, local: int) -> int:
+        """Samples this micro-batch trains across all processes: a global batch, less at the epoch's end."""
+        it = ds.sampler.serving(1)
+        if it is None:
+            raise RuntimeError("the InfoBatch sampler is not being iterated: train with trainer.train()")
+        n = min(self._lb_round or local, it.length - it.trained)
+        if self.accelerator.num_processes == 1 and n != local:
+            raise RuntimeError(
+                f"a batch of {local} samples arrived where the sampler's ledger expects {n}: was the "
+                "train dataloader's batch sampler replaced?"
+            )
+        return n
+
+    def _leanbatch_loss(self, outputs: Any, labels: Any, num_items_in_batch: Any = None) -> Tensor:
+        """The ``compute_loss_func``: token losses, scores stored, sequences weighted, normalised."""
+        logits = outputs.get("logits") if isinstance(outputs, Mapping) else getattr(outputs, "logits", None)
+        if logits is None:
+            raise TypeError("leanbatch.hf needs a model whose output has .logits")
+        if labels is None:
+            raise ValueError("leanbatch.hf needs labels in every training batch (batch key 'labels')")
+        tok, counted = token_losses(logits, labels, self._loss_shifts_labels)
+        weights = None if self._lb_step is None else self._lb_score(*self._lb_step, tok, counted)
+        return weighted_loss(tok, counted, weights, num_items_in_batch)
+
+    def _lb_score(self, rows: Rows, plan: Plan, tok: Tensor, counted: Tensor) -> Tensor | None:
+        """Store each trained sequence's score; return its loss weight (``None`` = all 1)."""
+        ds = self.infobatch
+        assert ds is not None
+        dev = tok.device
+        kept = rows.indices
+        if rows.positions is not None:
+            kept = kept.to(dev, non_blocking=True).index_select(0, rows.positions.to(dev))
+        if kept.shape[0] != tok.shape[0]:
+            raise RuntimeError(f"the batch has {tok.shape[0]} rows but its indices say {kept.shape[0]}")
+        scores = sequence_scores(tok, counted)
+        if rows.all_labelled:
+            ds.scores.update(kept, scores)
+        else:  # a sequence without a labelled token gets no score (read on the CPU; a sync only here)
+            labelled = rows.labelled
+            if rows.positions is not None:
+                labelled = labelled.index_select(0, rows.positions.cpu())
+            has = labelled.nonzero().squeeze(1)
+            ds.scores.update(kept.index_select(0, has.to(kept.device)), scores.index_select(0, has.to(dev)))
+        w = ds.sampler.weights_on(plan, dev)
+        return None if w is None else w.index_select(0, kept.to(dev, non_blocking=True))
+
+    # ------------------------------------------------------------------ schedule
+    def create_scheduler(self, num_training_steps: int, optimizer: Any = None) -> Any:
+        ours = self.lr_scheduler is None
+        sched = super().create_scheduler(num_training_steps, optimizer)
+        ds = self.infobatch
+        if ds is None or not ours or not isinstance(sched, LambdaLR) or getattr(sched, "_leanbatch", False):
+            return sched  # metric-driven schedules (reduce_lr_on_plateau) need nothing
+        sched.lr_lambdas = [
+            _by_progress(f, lambda: ds.progress, num_training_steps) for f in sched.lr_lambdas
+        ]
+        sched._leanbatch = True  # type: ignore[attr-defined]
+        return sched
+
+    # ------------------------------------------------------------------ checkpoints
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        ds, sb = self.infobatch, self.selective_backprop
+        if ds is not None:
+            ds.scores.sync(ds.sampler.process_group)  # every process: the merged table is saved
+        if self.args.should_save:
+            folder = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            out = os.path.join(self._get_output_dir(trial=trial), folder)
+            os.makedirs(out, exist_ok=True)
+            state = {
+                "version": 1,
+                "infobatch": None if ds is None else ds.state_dict(),
+                "selective_backprop": None if sb is None else sb.state_dict(),
+            }
+            torch.save(state, os.path.join(out, STATE_FILE))
+        super()._save_checkpoint(model, trial)
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is None:
+            return
+        path = os.path.join(checkpoint, STATE_FILE)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(
+                f"resume_from_checkpoint={checkpoint!r} holds no {STATE_FILE}: it was not saved by a "
+                "leanbatch trainer, so the pruning and selection state cannot be restored"
+            )
+        state = torch.load(path, weights_only=True)
+        for name, obj in (("infobatch", self.infobatch), ("selective_backprop", self.selective_backprop)):
+            if (state.get(name) is None) != (obj is None):
+                raise ValueError(f"{path} was saved {'without' if obj is not None else 'with'} {name}")
+            if obj is not None:
+                obj.load_state_dict(state[name])
