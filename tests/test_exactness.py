@@ -65,7 +65,12 @@ class Run:
         data = TensorDataset(torch.arange(N, dtype=torch.float32), torch.arange(N))
         ds = InfoBatch(data, EPOCHS, prune_ratio=0.6, delta=0.75, seed=11)
         loader = DataLoader(
-            ds, batch_size=BS, sampler=ds.sampler, drop_last=self.drop_last, num_workers=self.workers
+            ds,
+            batch_size=BS,
+            sampler=ds.sampler,
+            drop_last=self.drop_last,
+            num_workers=self.workers,
+            persistent_workers=self.workers > 0,
         )
         return ds, loader
 
@@ -168,7 +173,7 @@ def test_resume_after_every_step_reproduces_the_run(reference, k, explicit, drop
 def test_resume_after_every_step_with_worker_processes(reference, explicit):
     ref_log, ref_stats, ref_scores = reference[False]
     run = Run(2, explicit, False, workers=2)
-    stops = range(1, len(ref_log) + 1) if explicit else range(1, len(ref_log) + 1, 3)
+    stops = range(1, len(ref_log) + 1)
     for stop in stops:
         log, ds, _ = run(stop_at=stop)
         assert log == ref_log, f"stopped at step {stop}"
