@@ -9,7 +9,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.utils.data import DataLoader, TensorDataset
 
-from leanbatch import InfoBatch
+from leanbatch import InfoBatch, ScoreTable
 
 N, WORLD, EPOCHS = 203, 2, 3
 
@@ -103,3 +103,28 @@ def test_global_plan_on_every_rank_with_merged_scores_and_world_mismatch_refused
     ds_scores = a["scores"]
     assert torch.equal(ds_scores, b["scores"])  # merged before each plan and at the end
     assert len(a["errors"]) == 1 and "process group has 2 processes" in a["errors"][0]
+
+
+def _resume_worker(rank: int, init_file: str, out_dir: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    try:
+        table = ScoreTable(4)
+        table.update(torch.tensor([rank]), torch.tensor([10.0 + rank]))  # each rank scores its own sample
+        table.sync()
+        resumed = ScoreTable(4)
+        resumed.load_state_dict(table.state_dict())  # a checkpoint: every rank loads the same table
+        if rank == 1:
+            resumed.update(torch.tensor([0]), torch.tensor([5.0]))  # sample 0 trained on rank 1 only
+        resumed.sync()
+        torch.save(resumed.values, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_after_a_resume_the_merge_takes_only_the_fresh_losses():
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_resume_worker, args=(os.path.join(tmp, "init"), tmp), nprocs=WORLD, join=True)
+        a, b = (torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(WORLD))
+    torch.testing.assert_close(a, b, equal_nan=True, rtol=0, atol=0)
+    # 5.0 alone: the loaded 10.0 is not a loss written since the resume, so it is not averaged in
+    assert a[:2].tolist() == [5.0, 11.0] and a[2:].isnan().all()
