@@ -72,3 +72,25 @@ class ProgressLR(LambdaLR):
             raise TypeError("progress must be a callable or an object with a .progress attribute (InfoBatch)")
         self._fn = lr_lambda
         super().__init__(optimizer, lambda _step: self._fn(self._progress()))
+
+    # The progress source and the shape are code, rebuilt by the constructor: the state holds
+    # plain values only, so it saves with torch.save and loads with weights_only=True (framework
+    # checkpoints: Lightning, Hugging Face).
+    _CODE = ("_fn", "_progress")
+
+    def state_dict(self) -> dict[str, Any]:
+        """``LambdaLR``'s state without the progress source and shape (plain values only).
+
+        Example:
+            >>> import io, torch
+            >>> opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+            >>> sched = ProgressLR(opt, lambda: 0.5, cosine())
+            >>> buf = io.BytesIO(); torch.save(sched.state_dict(), buf); _ = buf.seek(0)
+            >>> sched.load_state_dict(torch.load(buf, weights_only=True)); sched.last_epoch
+            0
+        """
+        return {k: v for k, v in super().state_dict().items() if k not in self._CODE}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`; the progress source and shape stay this object's."""
+        super().load_state_dict({k: v for k, v in state_dict.items() if k not in self._CODE})
