@@ -1,17 +1,27 @@
 """Real multi-process torch.distributed (gloo on CPU): every rank holds the same scores
 before it plans, plans the same epoch, and serves its own disjoint shard."""
 
+import math
 import os
 import tempfile
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.utils.data import DataLoader, TensorDataset
 
-from leanbatch import InfoBatch
+from leanbatch import InfoBatch, ScoreTable
 
 N, WORLD, EPOCHS = 203, 2, 3
+
+
+def run_ranks(worker: Callable[[int, str, str], None]) -> list[Any]:
+    """Run ``worker(rank, init_file, out_dir)`` on WORLD processes; what each saved to ``rank{r}.pt``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(worker, args=(os.path.join(tmp, "init"), tmp), nprocs=WORLD, join=True)
+        return [torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(WORLD)]
 
 
 def _worker(rank: int, init_file: str, out_dir: str) -> None:
@@ -38,9 +48,7 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
 
 
 def test_ddp_ranks_share_scores_plans_and_split_the_data():
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_worker, args=(os.path.join(tmp, "init"), tmp), nprocs=WORLD, join=True)
-        results = [torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(WORLD)]
+    results = run_ranks(_worker)
     a, b = results
     assert torch.equal(a["scores"], b["scores"])  # merged: identical tables on every rank
     assert a["stats"] == b["stats"]  # identical plans
@@ -94,12 +102,63 @@ def _global_plan_worker(rank: int, init_file: str, out_dir: str) -> None:
 
 
 def test_global_plan_on_every_rank_with_merged_scores_and_world_mismatch_refused():
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_global_plan_worker, args=(os.path.join(tmp, "init"), tmp), nprocs=WORLD, join=True)
-        a, b = (torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(WORLD))
+    a, b = run_ranks(_global_plan_worker)
     assert a["orders"] == b["orders"]  # the same global order on both ranks, every epoch
     assert [len(o) for o in a["orders"]] == [s["kept"] for s in a["stats"]]  # whole plans, unsharded
     assert a["stats"][1]["pruning"] and a["stats"][1]["kept"] < N
     ds_scores = a["scores"]
     assert torch.equal(ds_scores, b["scores"])  # merged before each plan and at the end
     assert len(a["errors"]) == 1 and "process group has 2 processes" in a["errors"][0]
+
+
+def _resume_worker(rank: int, init_file: str, out_dir: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    try:
+        table = ScoreTable(4)
+        table.update(torch.tensor([rank]), torch.tensor([10.0 + rank]))  # each rank scores its own sample
+        table.sync()
+        resumed = ScoreTable(4)
+        resumed.load_state_dict(table.state_dict())  # a checkpoint: every rank loads the same table
+        if rank == 1:
+            resumed.update(torch.tensor([0]), torch.tensor([5.0]))  # sample 0 trained on rank 1 only
+        resumed.sync()
+        torch.save(resumed.values, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_after_a_resume_the_merge_takes_only_the_fresh_losses():
+    a, b = run_ranks(_resume_worker)
+    torch.testing.assert_close(a, b, equal_nan=True, rtol=0, atol=0)
+    # 5.0 alone: the loaded 10.0 is not a loss written since the resume, so it is not averaged in
+    assert a[:2].tolist() == [5.0, 11.0] and a[2:].isnan().all()
+
+
+def _resume_before_init_worker(rank: int, init_file: str, out_dir: str) -> None:
+    data = TensorDataset(torch.arange(N, dtype=torch.float32), torch.arange(N))
+    ds = InfoBatch(data, EPOCHS, prune_ratio=0.5, delta=0.67, seed=5)  # built before the group, as
+    resumed = InfoBatch(data, EPOCHS, prune_ratio=0.5, delta=0.67, seed=5)  # frameworks do
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    try:
+        loader = DataLoader(ds, batch_size=8, sampler=ds.sampler)
+        whole = [i for _, i in loader]  # this rank's shard of epoch 0
+        ds.sampler.set_epoch(0)
+        for x, i in DataLoader(ds, batch_size=8, sampler=ds.sampler):
+            ds.update(x / N, i)
+            break  # a checkpoint after one batch
+        resumed.load_state_dict(ds.state_dict())
+        rest = [i for _, i in DataLoader(resumed, batch_size=8, sampler=resumed.sampler)]
+        torch.save(
+            {"whole": torch.cat(whole), "rest": torch.cat(rest), "len": len(resumed.sampler)},
+            os.path.join(out_dir, f"rank{rank}.pt"),
+        )
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_resumed_epoch_is_sharded_like_the_group_even_when_built_before_it():
+    a, b = run_ranks(_resume_before_init_worker)
+    for r in (a, b):
+        assert torch.equal(r["rest"], r["whole"][8:])  # this rank's shard, from where it stopped
+    assert a["len"] == b["len"] == math.ceil(N / WORLD) - 8
+    assert not set(a["rest"].tolist()) & set(b["rest"].tolist())

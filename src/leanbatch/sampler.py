@@ -121,6 +121,7 @@ class PrunedSampler(Sampler[int]):
         self._start = 0
         self._its: deque[Iteration] = deque()  # iterations with samples that may still be trained
         self._plan: Plan | None = None
+        self._restored = False  # _plan came from load_state_dict and the ranks were not read since
         self._dev_weights: tuple[Plan, torch.device, Tensor] | None = None
 
     # ------------------------------------------------------------------ ranks
@@ -202,6 +203,9 @@ class PrunedSampler(Sampler[int]):
         if self._plan is None or self._plan.epoch != epoch:
             self._plan = self._dev_weights = None  # let the old plan go before making the new one
             self._plan = self._make_plan(epoch)
+        elif self._restored:  # a plan from load_state_dict: read the ranks as planning would have
+            self._restored = False
+            self._resolve_ranks()
         return self._plan
 
     def _make_plan(self, epoch: int) -> Plan:
@@ -408,3 +412,4 @@ class PrunedSampler(Sampler[int]):
             self._plan = Plan(
                 int(p["epoch"]), int(p["num_samples"]), p["kept"], p["weights"], p["threshold"], p["pruning"]
             )
+            self._restored = True

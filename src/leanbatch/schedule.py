@@ -73,22 +73,24 @@ class ProgressLR(LambdaLR):
         self._fn = lr_lambda
         super().__init__(optimizer, lambda _step: self._fn(self._progress()))
 
-    def state_dict(self) -> dict[str, Any]:
-        """``LambdaLR``'s state without the progress source and the multiplier.
+    # The progress source and the shape are code, rebuilt by the constructor: the state holds
+    # plain values only, so it saves with torch.save and loads with weights_only=True (framework
+    # checkpoints: Lightning, Hugging Face).
+    _CODE = ("_fn", "_progress")
 
-        They are functions, not state (a lambda cannot even be pickled): the state is what
-        ``torch.save`` and ``torch.load(weights_only=True)`` carry in a checkpoint, and the
-        scheduler it is loaded into keeps its own.
+    def state_dict(self) -> dict[str, Any]:
+        """``LambdaLR``'s state without the progress source and shape (plain values only).
 
         Example:
             >>> import io, torch
             >>> opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
             >>> sched = ProgressLR(opt, lambda: 0.5, cosine())
             >>> buf = io.BytesIO(); torch.save(sched.state_dict(), buf); _ = buf.seek(0)
-            >>> sorted(k for k in torch.load(buf, weights_only=True) if k.startswith("_p") or k == "_fn")
-            []
+            >>> sched.load_state_dict(torch.load(buf, weights_only=True)); sched.last_epoch
+            0
         """
-        state = super().state_dict()
-        state.pop("_progress", None)
-        state.pop("_fn", None)
-        return state
+        return {k: v for k, v in super().state_dict().items() if k not in self._CODE}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`; the progress source and shape stay this object's."""
+        super().load_state_dict({k: v for k, v in state_dict.items() if k not in self._CODE})

@@ -310,6 +310,8 @@ class ScoreTable:
             raise ValueError("state_dict['values'] must be a float tensor of shape (num_samples,)")
         self._pending, self._pending_n = [], 0
         self._unmerged = False
-        self._touched = None  # every rank loads the same table: the next merge starts from it
         self._values = torch.cat([values.to(self._values.device, torch.float32), self._values[-1:]])
+        # Every rank loads the same table, so the next merge takes only what each rank writes from
+        # now on (treating the loaded scores as written would average them into fresh losses).
+        self._touched = torch.zeros(self.num_samples, dtype=torch.bool, device=self._values.device)
         self._nonfinite = torch.tensor(int(state.get("nonfinite", 0)), device=self._values.device)
