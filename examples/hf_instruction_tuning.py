@@ -31,7 +31,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
 
 from leanbatch import InfoBatch
-from leanbatch.hf import LeanbatchTrainer
+from leanbatch.hf import LeanBatchTrainer
 
 VOCAB, PAD, BOS, SEP, EOS, EASY, HARD = 64, 0, 1, 2, 3, 4, 5
 EASY_ANSWER = [6, 7, 8, 9]
@@ -104,9 +104,9 @@ def run(method: str, seed: int, train: list, evaluation: list, out: str, epochs:
     common = dict(model=tiny_llama(seed), args=args, data_collator=collate, eval_dataset=evaluation)
     if method != "infobatch":
         trainer: Trainer = Trainer(train_dataset=train, **common)
-    else:  # the three lines a user adds: wrap the data, keep shard=False, use LeanbatchTrainer
+    else:  # the three lines a user adds: wrap the data, keep shard=False, use LeanBatchTrainer
         ds = InfoBatch(train, num_epochs=EPOCHS, prune_ratio=0.5, delta=0.875, seed=seed, shard=False)
-        trainer = LeanbatchTrainer(train_dataset=ds, **common)
+        trainer = LeanBatchTrainer(train_dataset=ds, **common)
     start, cpu = time.perf_counter(), time.process_time()
     trainer.train()
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainerCallback, TrainingArguments
 
-from leanbatch.hf import INDEX_KEY, LeanbatchTrainer
+from leanbatch.hf import INDEX_KEY, LeanBatchTrainer
 
 VOCAB, PAD, BOS, EOS = 96, 0, 1, 2
 EASY_RESPONSE = [5, 6, 7, 8]
@@ -111,8 +111,8 @@ def token_sums(model: torch.nn.Module, example: dict[str, Any]) -> tuple[float, 
     return float(tok.sum()), int((labels[0, 1:] != -100).sum())
 
 
-class Recorder(LeanbatchTrainer):
-    """``LeanbatchTrainer`` that records every micro-batch it trains, then trains it unchanged."""
+class Recorder(LeanBatchTrainer):
+    """``LeanBatchTrainer`` that records every micro-batch it trains, then trains it unchanged."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)

@@ -26,7 +26,7 @@ from hf_setup import (
 )
 
 from leanbatch import InfoBatch, Plan, ProgressLR, SelectiveBackprop, cosine
-from leanbatch.hf import INDEX_KEY, LeanbatchTrainer, leanbatch_trainer
+from leanbatch.hf import INDEX_KEY, LeanBatchTrainer, leanbatch_trainer
 
 N = 22  # batches of 4: five full and one of 2 per full epoch
 
@@ -238,7 +238,7 @@ def _refusal(tmp_path, match, args=None, **kw):
     data = instruction_data(8)
     kw.setdefault("train_dataset", InfoBatch(data, 2, shard=False))
     with pytest.raises((ValueError, TypeError), match=match):
-        LeanbatchTrainer(
+        LeanBatchTrainer(
             model=tiny_model(), args=args or training_args(str(tmp_path), num_train_epochs=2), **kw
         )
 
@@ -314,7 +314,7 @@ def test_a_progress_lr_passed_in_trains_and_checkpoints(tmp_path):
     model = tiny_model()
     ds = InfoBatch(instruction_data(N), 2, prune_ratio=0.5, delta=1.0, seed=0, shard=False)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    trainer = LeanbatchTrainer(
+    trainer = LeanBatchTrainer(
         model=model,
         args=training_args(str(tmp_path), num_train_epochs=2, save_strategy="epoch"),
         train_dataset=ds,
@@ -337,7 +337,7 @@ def test_packed_batches_are_refused(tmp_path):
         batch["shift_labels"] = batch["labels"][:, 1:]
         return batch
 
-    trainer = LeanbatchTrainer(
+    trainer = LeanBatchTrainer(
         model=tiny_model(),
         args=training_args(str(tmp_path), num_train_epochs=2),
         train_dataset=InfoBatch(instruction_data(8), 2, shard=False),

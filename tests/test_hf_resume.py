@@ -14,7 +14,7 @@ import torch
 from hf_setup import PadCollator, Trace, instruction_data, params, tiny_model, training_args
 
 from leanbatch import InfoBatch, SelectiveBackprop
-from leanbatch.hf import STATE_FILE, LeanbatchTrainer
+from leanbatch.hf import STATE_FILE, LeanBatchTrainer
 
 N, EPOCHS, GA = 40, 5, 2
 STEPS_PER_FULL_EPOCH = 5  # 10 batches of 4, 2 per step
@@ -35,7 +35,7 @@ def _run(out: str, model_seed: int, resume: str | None = None):
         save_strategy="steps",
         save_steps=1,
     )
-    trainer = LeanbatchTrainer(
+    trainer = LeanBatchTrainer(
         model=tiny_model(model_seed),
         args=args,
         train_dataset=ds,

@@ -1,7 +1,7 @@
 """Hugging Face ``Trainer`` (and accelerate) adapter: InfoBatch, random pruning, Selective Backprop.
 
 A user changes three things: wrap the training set in ``InfoBatch(..., shard=False)``, pass
-a ``SelectiveBackprop`` if wanted, and build :class:`LeanbatchTrainer` (or
+a ``SelectiveBackprop`` if wanted, and build :class:`LeanBatchTrainer` (or
 ``leanbatch_trainer(SomeTrainerSubclass)``) instead of ``Trainer``. Nothing is patched.
 
 What the Trainer (transformers 5.24) and accelerate (1.15) do, and how it is handled:
@@ -47,7 +47,7 @@ Example:
     >>> ds = InfoBatch(data, num_epochs=3, prune_ratio=0.5, delta=0.67, seed=0, shard=False)
     >>> args = TrainingArguments("/tmp/leanbatch-doctest", num_train_epochs=3, per_device_train_batch_size=4,
     ...     learning_rate=1e-2, use_cpu=True, report_to="none", save_strategy="no", disable_tqdm=True)
-    >>> trainer = LeanbatchTrainer(model=model, args=args, train_dataset=ds)
+    >>> trainer = LeanBatchTrainer(model=model, args=args, train_dataset=ds)
     >>> _ = trainer.train()  # doctest: +ELLIPSIS
     {'train_runtime': ...}
     >>> [s["kept"] < 24 for s in ds.epoch_stats], trainer.state.epoch, trainer.lr_scheduler.get_last_lr()
@@ -65,7 +65,7 @@ from leanbatch.hf.trainer import STATE_FILE, LeanbatchMixin
 __all__ = [
     "INDEX_KEY",
     "STATE_FILE",
-    "LeanbatchTrainer",
+    "LeanBatchTrainer",
     "leanbatch_trainer",
     "sequence_scores",
     "token_losses",
@@ -73,7 +73,7 @@ __all__ = [
 ]
 
 
-class LeanbatchTrainer(LeanbatchMixin, Trainer):
+class LeanBatchTrainer(LeanbatchMixin, Trainer):
     """``transformers.Trainer`` with InfoBatch (or random pruning) and/or Selective Backprop.
 
     Arguments: those of ``Trainer``, and to prune either ``train_dataset=InfoBatch(train_set,
@@ -96,23 +96,23 @@ class LeanbatchTrainer(LeanbatchMixin, Trainer):
         >>> data = [{"input_ids": torch.arange(6), "labels": torch.arange(6)} for _ in range(8)]
         >>> args = TrainingArguments("/tmp/leanbatch-doctest", num_train_epochs=2, use_cpu=True, report_to="none")
         >>> sb = SelectiveBackprop(start=0.0, end=1.0, keep=0.5, scale_factor=1.0, interrupt=0)
-        >>> trainer = LeanbatchTrainer(model=model, args=args, train_dataset=InfoBatch(data, 2, shard=False),
+        >>> trainer = LeanBatchTrainer(model=model, args=args, train_dataset=InfoBatch(data, 2, shard=False),
         ...                            selective_backprop=sb)
         >>> type(trainer.infobatch).__name__, trainer.selective_backprop is sb
         ('InfoBatch', True)
         >>> try:
-        ...     LeanbatchTrainer(model=model, args=args, train_dataset=InfoBatch(data, 2))
+        ...     LeanBatchTrainer(model=model, args=args, train_dataset=InfoBatch(data, 2))
         ... except ValueError as e:
         ...     print(str(e).split(":")[0])
         train_dataset=InfoBatch(..., shard=True)
     """
 
 
-_CLASSES: dict[type, type] = {Trainer: LeanbatchTrainer}
+_CLASSES: dict[type, type] = {Trainer: LeanBatchTrainer}
 
 
 def leanbatch_trainer(trainer_cls: type[Trainer]) -> type[Trainer]:
-    """The class ``trainer_cls`` extended with leanbatch (``LeanbatchTrainer`` for ``Trainer``).
+    """The class ``trainer_cls`` extended with leanbatch (``LeanBatchTrainer`` for ``Trainer``).
 
     Works for ``Trainer`` subclasses that keep the Trainer's training loop and whose
     ``compute_loss`` calls ``super().compute_loss`` or the ``compute_loss_func`` hook, which
@@ -126,7 +126,7 @@ def leanbatch_trainer(trainer_cls: type[Trainer]) -> type[Trainer]:
         >>> Lean = leanbatch_trainer(MyTrainer)
         >>> Lean.__name__, issubclass(Lean, MyTrainer), leanbatch_trainer(MyTrainer) is Lean
         ('LeanbatchMyTrainer', True, True)
-        >>> leanbatch_trainer(Trainer) is LeanbatchTrainer
+        >>> leanbatch_trainer(Trainer) is LeanBatchTrainer
         True
     """
     if not (isinstance(trainer_cls, type) and issubclass(trainer_cls, Trainer)):
@@ -135,7 +135,7 @@ def leanbatch_trainer(trainer_cls: type[Trainer]) -> type[Trainer]:
         return trainer_cls
     cls = _CLASSES.get(trainer_cls)
     if cls is None:
-        doc = f"``{trainer_cls.__name__}`` with leanbatch; see :class:`LeanbatchTrainer`."
+        doc = f"``{trainer_cls.__name__}`` with leanbatch; see :class:`LeanBatchTrainer`."
         cls = type(f"Leanbatch{trainer_cls.__name__}", (LeanbatchMixin, trainer_cls), {"__doc__": doc})
         _CLASSES[trainer_cls] = cls
     return cls

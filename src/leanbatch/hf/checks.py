@@ -24,7 +24,7 @@ __all__ = ["check_setup", "wrap_train_dataset"]
 def wrap_train_dataset(trainer: Any, settings: Any) -> InfoBatch:
     """``InfoBatch(trainer.train_dataset, num_epochs=args.num_train_epochs, shard=False, **settings)``.
 
-    For ``LeanbatchTrainer(..., infobatch={...})``: the trainer's own training set (as its
+    For ``LeanBatchTrainer(..., infobatch={...})``: the trainer's own training set (as its
     ``__init__`` prepared it) is wrapped, with the two arguments the Trainer decides.
 
     Example:

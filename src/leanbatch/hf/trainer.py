@@ -1,4 +1,4 @@
-"""``LeanbatchTrainer`` / ``leanbatch_trainer``: the Trainer overrides that wire in the core.
+"""``LeanBatchTrainer`` / ``leanbatch_trainer``: the Trainer overrides that wire in the core.
 
 What each override handles (the Trainer and accelerate behaviour is in the package docstring):
 
