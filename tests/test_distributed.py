@@ -37,21 +37,29 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
         dist.destroy_process_group()
 
 
-def test_ddp_ranks_share_scores_plans_and_split_the_data():
+def spawn_ranks(worker) -> list:
+    """Run ``worker(rank, init_file, out_dir)`` on WORLD gloo processes; what each saved to rank{r}.pt."""
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_worker, args=(os.path.join(tmp, "init"), tmp), nprocs=WORLD, join=True)
-        results = [torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(WORLD)]
-    a, b = results
-    assert torch.equal(a["scores"], b["scores"])  # merged: identical tables on every rank
-    assert a["stats"] == b["stats"]  # identical plans
-    assert a["stats"][1]["pruning"] and a["stats"][1]["kept"] < N
-    for epoch in range(EPOCHS):
-        sa, sb = a["served"][epoch], b["served"][epoch]
+        mp.spawn(worker, args=(os.path.join(tmp, "init"), tmp), nprocs=WORLD, join=True)
+        return [torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(WORLD)]
+
+
+def check_shards(stats: list, served_a: list, served_b: list) -> None:
+    """Per epoch: equal shard lengths that together serve the whole plan, overlapping only by padding."""
+    for epoch, (sa, sb) in enumerate(zip(served_a, served_b, strict=True)):
         assert len(sa) == len(sb)  # equal shard lengths
-        kept, padded = a["stats"][epoch]["kept"], a["stats"][epoch]["padded"]
+        kept, padded = stats[epoch]["kept"], stats[epoch]["padded"]
         assert len(sa) + len(sb) == kept + padded
         assert len(set(sa) | set(sb)) == kept  # together they serve the whole plan
         assert len(set(sa) & set(sb)) <= padded  # and overlap only by the padding
+
+
+def test_ddp_ranks_share_scores_plans_and_split_the_data():
+    a, b = spawn_ranks(_worker)
+    assert torch.equal(a["scores"], b["scores"])  # merged: identical tables on every rank
+    assert a["stats"] == b["stats"]  # identical plans
+    assert a["stats"][1]["pruning"] and a["stats"][1]["kept"] < N
+    check_shards(a["stats"], a["served"], b["served"])
     # each score is the loss of the rank that served the sample last (x / N + rank); a padded
     # sample served by both ranks gets their mean
     last_a, last_b = set(a["served"][-1]), set(b["served"][-1])
@@ -94,9 +102,7 @@ def _global_plan_worker(rank: int, init_file: str, out_dir: str) -> None:
 
 
 def test_global_plan_on_every_rank_with_merged_scores_and_world_mismatch_refused():
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_global_plan_worker, args=(os.path.join(tmp, "init"), tmp), nprocs=WORLD, join=True)
-        a, b = (torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(WORLD))
+    a, b = spawn_ranks(_global_plan_worker)
     assert a["orders"] == b["orders"]  # the same global order on both ranks, every epoch
     assert [len(o) for o in a["orders"]] == [s["kept"] for s in a["stats"]]  # whole plans, unsharded
     assert a["stats"][1]["pruning"] and a["stats"][1]["kept"] < N

@@ -1,18 +1,19 @@
-"""Pruning policies: (scores, epoch, generator) -> the epoch's plan.
+"""What every policy shares: the :class:`Plan`, the :class:`Policy` protocol and the drawing tools.
 
 A plan says which dataset indices are served this epoch and with which loss
 weight. Policies are small, pure and vectorised (no Python loop over samples).
 The order in which kept samples are served is not part of the plan: the sampler
 shuffles lazily with a keyed permutation (see :mod:`leanbatch.sampler`).
 
-Both policies drop each sample independently with a known probability ``q`` and
-give every kept sample the exact inverse of its inclusion probability,
-``1 / (1 - q)``, as loss weight, so the expected weighted loss over the plan's
-randomness equals the full-data loss. Drop decisions compare uniform 32-bit
-integers with a cut, so ``q`` is exactly ``m / 2**32`` and the weight is its exact
-inverse (rounded once, to float32). No plan is ever empty: when every sample could
-be dropped, the draw is conditioned on keeping at least one and the weight is the
-inverse of the conditional inclusion probability, ``(1 - q**n) / (1 - q)``.
+Rescaled policies drop each candidate independently with a known probability
+``q`` (:func:`drop_mask`) and give every kept candidate the exact inverse of its
+inclusion probability, ``1 / (1 - q)``, as loss weight, so the expected weighted
+loss over the plan's randomness equals the full-data loss. Drop decisions compare
+uniform 32-bit integers with a cut, so ``q`` is exactly ``m / 2**32`` and the weight
+is its exact inverse (rounded once, to float32). No plan is ever empty: when every
+sample could be dropped, the draw is conditioned on keeping at least one and the
+weight is the inverse of the conditional inclusion probability,
+``(1 - q**n) / (1 - q)``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,19 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-__all__ = ["Plan", "Policy", "InfoBatchPolicy", "RandomPolicy", "full_plan", "pruning_epochs"]
+__all__ = [
+    "Plan",
+    "Policy",
+    "full_plan",
+    "pruning_epochs",
+    "check_epochs",
+    "check_ratio",
+    "drop_mask",
+    "plan_from_drop",
+    "plan_from_keep",
+    "mean_score",
+    "weights_where",
+]
 
 _SCALE = 1 << 32  # drop probabilities are multiples of 2**-32
 _CHUNK = 1 << 20  # samples per chunk of random draws and index building
@@ -94,22 +107,51 @@ def pruning_epochs(num_epochs: int, delta: float) -> int:
     return math.floor(delta * num_epochs + 1e-9)
 
 
-def _check_common(prune_ratio: float, num_epochs: int, delta: float) -> None:
+def check_epochs(num_epochs: object, delta: object) -> None:
+    """Raise ``ValueError`` naming ``num_epochs`` or ``delta`` unless both are valid.
+
+    Example:
+        >>> check_epochs(8, 0.875)
+        >>> try:
+        ...     check_epochs(8, 0.0)
+        ... except ValueError as e:
+        ...     print(str(e).split(":")[0])
+        delta must be in (0, 1], got 0.0
+    """
     if isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 1:
         raise ValueError(f"num_epochs must be an int >= 1, got {num_epochs!r}")
-    if not isinstance(prune_ratio, (int, float)) or not (0.0 <= prune_ratio < 1.0):
-        raise ValueError(
-            f"prune_ratio must be in [0, 1), got {prune_ratio!r}: it is the fraction of well-learned "
-            "samples dropped per epoch (0.5 is the paper's default)"
-        )
-    if not isinstance(delta, (int, float)) or not (0.0 < delta <= 1.0):
+    if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not (0.0 < delta <= 1.0):
         raise ValueError(
             f"delta must be in (0, 1], got {delta!r}: epochs at or after delta * num_epochs train on "
-            "all data (0.875 is the paper's default)"
+            "all data (0.875 is InfoBatch's default)"
         )
 
 
-def _drop_mask(candidates: Tensor, q: float, generator: torch.Generator) -> tuple[Tensor, float]:
+def check_ratio(value: object, name: str, meaning: str, low_open: bool = False) -> float:
+    """``value`` as a float in [0, 1) (or (0, 1) with ``low_open``); ``ValueError`` naming ``name``.
+
+    Example:
+        >>> check_ratio(0.3, "prune_ratio", "the share pruned")
+        0.3
+    """
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    v = float(value) if ok else math.nan  # type: ignore[arg-type]
+    if not ok or not (0.0 <= v < 1.0) or (low_open and v == 0.0):
+        interval = "(0, 1)" if low_open else "[0, 1)"
+        raise ValueError(f"{name} must be in {interval}, got {value!r}: {meaning}")
+    return v
+
+
+def _check_common(prune_ratio: float, num_epochs: int, delta: float) -> None:
+    check_epochs(num_epochs, delta)
+    check_ratio(
+        prune_ratio,
+        "prune_ratio",
+        "it is the fraction of well-learned samples dropped per epoch (0.5 is the paper's default)",
+    )
+
+
+def drop_mask(candidates: Tensor, q: float, generator: torch.Generator) -> tuple[Tensor, float]:
     """Drop each candidate with probability ``q' = m / 2**32`` (m = round(q * 2**32)), never all.
 
     Returns the drop mask and the weight of a kept candidate: the exact inverse of its
@@ -121,6 +163,12 @@ def _drop_mask(candidates: Tensor, q: float, generator: torch.Generator) -> tupl
     Draws are full-range 64-bit integers read as two uniform int32 each, made in chunks into
     one reused buffer (a fresh array per epoch would cost a page fault per 4 KiB): about half
     the time of ``torch.randint`` for the same stream length.
+
+    Example:
+        >>> import torch
+        >>> drop, w = drop_mask(torch.tensor([True, True, False]), 0.5, torch.Generator().manual_seed(0))
+        >>> bool(drop[2]), w      # non-candidates are never dropped; kept candidates weigh 1 / (1 - 0.5)
+        (False, 2.0)
     """
     n = candidates.numel()
     m = min(max(round(q * _SCALE), 0), _SCALE - 1)
@@ -162,8 +210,16 @@ def _redraw_nonempty(drop: Tensor, q: float, p_empty: float, generator: torch.Ge
         torch.lt(rest, q, out=drop[j + 1 :])
 
 
-def _plan_from_drop(epoch: int, drop: Tensor, weights: Tensor, threshold: float | None) -> Plan:
-    """The sorted indices of the samples not dropped, int32 when they fit, built chunk by chunk."""
+def plan_from_drop(epoch: int, drop: Tensor, weights: Tensor | None, threshold: float | None) -> Plan:
+    """A pruning plan keeping the samples not dropped (``drop`` is consumed: negated in place).
+
+    The kept indices are sorted, int32 when they fit, built chunk by chunk.
+
+    Example:
+        >>> import torch
+        >>> plan_from_drop(2, torch.tensor([True, False, False, True]), None, None).kept.tolist()
+        [1, 2]
+    """
     n = drop.numel()
     keep = drop.logical_not_()
     kept = torch.empty(int(torch.count_nonzero(keep)), dtype=torch.int32 if n < 2**31 else torch.int64)
@@ -177,102 +233,39 @@ def _plan_from_drop(epoch: int, drop: Tensor, weights: Tensor, threshold: float 
     return Plan(epoch, n, kept, weights, threshold, True)
 
 
-def _weights(mask: Tensor, w: float) -> Tensor:
-    """float32 weights: ``w`` where ``mask``, 1 elsewhere; ``w`` (>= 1) rounded once, exactly as float32(w)."""
+def weights_where(mask: Tensor, w: float) -> Tensor:
+    """float32 weights: ``w`` where ``mask``, 1 elsewhere; ``w`` (>= 1) rounded once, exactly as float32(w).
+
+    Example:
+        >>> import torch
+        >>> weights_where(torch.tensor([True, False]), 2.0).tolist()
+        [2.0, 1.0]
+    """
     return mask.to(torch.float32).mul_(w).clamp_(min=1.0)
 
 
-def _threshold(scores: Tensor) -> tuple[float | None, int]:
-    """Mean of the scored entries and their count (scores hold finite losses or NaN)."""
+def plan_from_keep(
+    epoch: int, keep: Tensor, weights: Tensor | None = None, threshold: float | None = None
+) -> Plan:
+    """A pruning plan serving the samples where the bool mask ``keep`` is True (at least one).
+
+    Example:
+        >>> import torch
+        >>> plan_from_keep(0, torch.tensor([False, True, True])).kept.tolist()
+        [1, 2]
+    """
+    return plan_from_drop(epoch, keep.logical_not(), weights, threshold)
+
+
+def mean_score(scores: Tensor) -> tuple[float | None, int]:
+    """Mean of the scored entries and their count (scores hold finite losses or NaN).
+
+    Example:
+        >>> import torch
+        >>> mean_score(torch.tensor([1.0, float("nan"), 3.0]))
+        (2.0, 2)
+    """
     count = scores.numel() - int(torch.count_nonzero(torch.isnan(scores)))
     if count == 0:
         return None, 0
     return float(scores.nansum()) / count, count
-
-
-@dataclass
-class InfoBatchPolicy:
-    """InfoBatch (Qin et al., ICLR 2024): prune well-learned samples at random.
-
-    Epoch ``e`` prunes iff ``e < floor(delta * num_epochs)``. The threshold is the
-    mean of the scored samples; of the samples strictly below it, each is dropped
-    with probability ``prune_ratio`` and, if kept, weighted by the exact inverse
-    of its inclusion probability. Samples at or above the mean, and samples never
-    scored, are always kept with weight 1. Later epochs keep all, weight exactly 1.
-
-    Example:
-        >>> import torch
-        >>> pol = InfoBatchPolicy(prune_ratio=0.5, num_epochs=4, delta=0.75)
-        >>> scores = torch.tensor([0.1, 0.2, 3.0, 4.0])
-        >>> plan = pol(scores, 0, torch.Generator().manual_seed(0))
-        >>> round(plan.threshold, 4), plan.weights.tolist()
-        (1.825, [2.0, 2.0, 1.0, 1.0])
-        >>> pol(scores, 3, torch.Generator()).pruning   # annealing epoch
-        False
-    """
-
-    prune_ratio: float = 0.5
-    num_epochs: int = 1
-    delta: float = 0.875
-
-    def __post_init__(self) -> None:
-        _check_common(self.prune_ratio, self.num_epochs, self.delta)
-
-    def __call__(self, scores: Tensor, epoch: int, generator: torch.Generator) -> Plan:
-        n = scores.numel()
-        if epoch >= pruning_epochs(self.num_epochs, self.delta) or self.prune_ratio == 0:
-            return full_plan(epoch, n)
-        scores = scores.detach().to("cpu", torch.float32)
-        threshold, _ = _threshold(scores)
-        if threshold is None:
-            return full_plan(epoch, n)
-        below = scores < threshold  # NaN (never scored) compares False: always kept
-        drop, w = _drop_mask(below, self.prune_ratio, generator)
-        weights = _weights(below, w)
-        del below
-        return _plan_from_drop(epoch, drop, weights, threshold)
-
-
-@dataclass
-class RandomPolicy:
-    """Dynamic random pruning: the honest baseline for InfoBatch.
-
-    Same expected amount of work as :class:`InfoBatchPolicy` with the same
-    ``prune_ratio`` (it drops as many samples in expectation as InfoBatch would:
-    ``prune_ratio`` times the number of scored samples below the mean), but chosen
-    uniformly among all scored samples, with the same exact inverse-probability
-    rescaling and the same annealing epochs.
-
-    Example:
-        >>> import torch
-        >>> pol = RandomPolicy(prune_ratio=0.5, num_epochs=4, delta=0.75)
-        >>> plan = pol(torch.tensor([0.1, 0.2, 3.0, 4.0, float("nan")]), 0, torch.Generator().manual_seed(0))
-        >>> round(plan.weights[0].item(), 4), plan.weights[4].item()   # q = 0.5 * 2/4: 1 / (1 - 0.25)
-        (1.3333, 1.0)
-        >>> plan = pol(torch.tensor([0.1, 0.2, 3.0, 4.0]), 0, torch.Generator().manual_seed(0))
-        >>> round(plan.weights[0].item(), 4)   # all 4 droppable: never empty, (1 - 0.25**4) / (1 - 0.25)
-        1.3281
-    """
-
-    prune_ratio: float = 0.5
-    num_epochs: int = 1
-    delta: float = 0.875
-
-    def __post_init__(self) -> None:
-        _check_common(self.prune_ratio, self.num_epochs, self.delta)
-
-    def __call__(self, scores: Tensor, epoch: int, generator: torch.Generator) -> Plan:
-        n = scores.numel()
-        if epoch >= pruning_epochs(self.num_epochs, self.delta) or self.prune_ratio == 0:
-            return full_plan(epoch, n)
-        scores = scores.detach().to("cpu", torch.float32)
-        threshold, num_scored = _threshold(scores)
-        if threshold is None:
-            return full_plan(epoch, n)
-        num_below = int(torch.count_nonzero(scores < threshold))
-        q = self.prune_ratio * num_below / num_scored
-        scored = ~torch.isnan(scores)
-        drop, w = _drop_mask(scored, q, generator)
-        weights = _weights(scored, w)
-        del scored
-        return _plan_from_drop(epoch, drop, weights, threshold)
