@@ -10,6 +10,8 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from test_selection_oracles import exact_inclusion, exact_inclusion_for, loss_rank_formula_weights
 
 from leanbatch.scores import ScoreTable
@@ -107,6 +109,30 @@ def test_loss_rank_selection_reads_the_table_and_runs_no_forward_pass() -> None:
         sb.select((x, y), Boom(), progress=0.3, batch_idx=2)
 
 
+@given(
+    losses=st.lists(st.one_of(st.floats(-1e6, 1e6), st.just(float("nan"))), min_size=1, max_size=40),
+    keep=st.floats(0.01, 1.0),
+    pressure=st.floats(1.0, 1e12),
+    seed=st.integers(0, 2**31),
+)
+@settings(max_examples=150, deadline=None)
+def test_fixed_k_rules_return_k_distinct_sorted_positions(losses, keep, pressure, seed) -> None:
+    t = torch.tensor(losses, dtype=torch.float32)
+    k = num_selected(len(losses), keep)
+    for pos in (
+        select_by_loss_rank(t, keep, pressure, torch.Generator().manual_seed(seed)),
+        select_hardest(t, keep),
+    ):
+        assert pos.shape == (k,) and pos.dtype == torch.int64
+        assert bool((pos[1:] > pos[:-1]).all()) and int(pos.min()) >= 0 and int(pos.max()) < len(losses)
+    hardest = select_hardest(t, keep)
+    if k < len(losses):  # nothing left out is harder than what is kept (NaN counts as hardest)
+        hard = torch.nan_to_num(t, nan=float("inf"))
+        out = torch.ones(len(losses), dtype=torch.bool)
+        out[hardest] = False
+        assert float(hard[out].max()) <= float(hard[hardest].min())
+
+
 def test_hardest_rule_keeps_the_top_losses() -> None:
     losses = torch.tensor([0.3, 2.0, float("nan"), 0.1, 1.0, 0.5])
     assert select_hardest(losses, 0.5).tolist() == [1, 2, 4]
@@ -142,6 +168,35 @@ def test_proxy_scorer_trains_the_proxy_and_leaves_the_main_model_alone() -> None
         torch.equal(a, b)
         for a, b in zip(fresh_proxy.state_dict().values(), proxy.state_dict().values(), strict=True)
     )
+
+
+def test_proxy_trains_on_its_own_hardest_share_every_nth_batch() -> None:
+    torch.manual_seed(1)
+    proxy = nn.Sequential(nn.Flatten(), nn.Linear(16, 10))
+    scorer = ProxyScorer(
+        proxy, torch.optim.SGD(proxy.parameters(), lr=0.5), F.cross_entropy, train_every=2, train_keep=0.25
+    )
+    x, y = torch.randn(8, 1, 4, 4), torch.randint(0, 10, (8,))
+    replay = copy.deepcopy(proxy)
+    losses = scorer(x, y)  # call 0: a step on the hardest 2 of 8
+    manual = F.cross_entropy(replay(x), y, reduction="none")
+    hard = torch.topk(manual.detach(), 2).indices
+    manual[hard].mean().backward()
+    with torch.no_grad():
+        for p in replay.parameters():
+            p -= 0.5 * p.grad
+    assert torch.allclose(losses, manual.detach(), atol=1e-6)
+    assert all(
+        torch.allclose(a, b, atol=1e-6) for a, b in zip(proxy.parameters(), replay.parameters(), strict=True)
+    )
+    before = copy.deepcopy(proxy.state_dict())
+    scorer(x, y)  # call 1: scored only
+    assert all(torch.equal(before[k], v) for k, v in proxy.state_dict().items())
+    scorer(x, y)  # call 2: a step again
+    assert scorer.steps == 2 and scorer.calls == 3
+    assert not all(torch.equal(before[k], v) for k, v in proxy.state_dict().items())
+    with pytest.raises(ValueError, match="train_every"):
+        ProxyScorer(proxy, torch.optim.SGD(proxy.parameters(), lr=0.1), F.cross_entropy, train_every=0)
 
 
 def test_selection_paths_read_no_tensor_value(monkeypatch: pytest.MonkeyPatch) -> None:

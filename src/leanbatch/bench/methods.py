@@ -37,7 +37,8 @@ Methods beyond the default five (``--methods`` lists them by name; each paper's 
   ``sel_keep`` (0.5) of each batch, ``obs_pressure`` (100) selection pressure, ``obs_final_pressure``
   (0: constant) to decay it to.
 - ``sb-proxy``: the hardest ``sel_keep`` (0.5) of each batch by a proxy model ``proxy_width`` (0.25)
-  times the width, trained alongside (the airbench runs).
+  times the width, trained alongside (the airbench runs) on its own hardest ``proxy_keep`` (0.5) of
+  every ``proxy_every``-th (1) batch.
 - ``sel_start`` (0), ``sel_end`` (1), ``sel_interrupt`` (0): the window of ``obs`` and ``sb-proxy``
   (their papers select on every batch).
 """
@@ -96,6 +97,8 @@ class MethodSpec:
     obs_pressure: float = 100.0
     obs_final_pressure: float = 0.0
     proxy_width: float = 0.25
+    proxy_keep: float = 0.5
+    proxy_every: int = 1
     stack_scores: str = "selection"
 
     @property
@@ -215,7 +218,15 @@ _NEW_HYPERPARAMETERS: dict[str, tuple[str, ...]] = {
     "ucb": ("prune_fraction", "epsilon", "score_ema", "ucb_c"),
     "seta": ("seta_prune", "seta_groups", "seta_window", "delta"),
     "obs": ("sel_keep", "sel_start", "sel_end", "sel_interrupt", "obs_pressure", "obs_final_pressure"),
-    "sb-proxy": ("sel_keep", "sel_start", "sel_end", "sel_interrupt", "proxy_width"),
+    "sb-proxy": (
+        "sel_keep",
+        "sel_start",
+        "sel_end",
+        "sel_interrupt",
+        "proxy_width",
+        "proxy_keep",
+        "proxy_every",
+    ),
 }
 _NEW_RANGES = {
     "ib_warmup": lambda v: v >= 0,
@@ -235,6 +246,8 @@ _NEW_RANGES = {
     "obs_pressure": lambda v: v >= 1,
     "obs_final_pressure": lambda v: v == 0 or v >= 1,
     "proxy_width": lambda v: 0 < v <= 1,
+    "proxy_keep": lambda v: 0 < v <= 1,
+    "proxy_every": lambda v: v >= 1,
 }
 
 

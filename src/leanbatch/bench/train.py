@@ -289,7 +289,13 @@ class _Selection:
                     nesterov=cfg.nesterov,
                     weight_decay=cfg.weight_decay,
                 )
-                scorer = ProxyScorer(proxy, self.proxy_opt, F.cross_entropy)
+                scorer = ProxyScorer(
+                    proxy,
+                    self.proxy_opt,
+                    F.cross_entropy,
+                    train_every=spec.proxy_every,
+                    train_keep=spec.proxy_keep,
+                )
             self.sb = SelectiveBackprop(
                 start=spec.sel_start,
                 end=spec.sel_end,
