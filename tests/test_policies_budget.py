@@ -127,6 +127,10 @@ def test_bandit_policies_refuse_a_table_they_cannot_rank_by():
         EpsilonGreedyPolicy(0.5, 2, ema=0.9).bind(ScoreTable(10))
     with pytest.raises(ValueError, match="variance=True .* ema="):
         ScoreTable(10, variance=True)
+    bound = UCBPolicy(0.5, 2)
+    bound.bind(ScoreTable(10, **bound.score_table_options()))
+    with pytest.raises(ValueError, match="one policy per sampler"):
+        bound.bind(ScoreTable(10, **bound.score_table_options()))
 
 
 def test_ema_variance_skips_nonfinite_losses_and_survives_a_checkpoint():

@@ -80,7 +80,14 @@ class Plan:
 
 
 class Policy(Protocol):
-    """What the sampler calls once per epoch."""
+    """What the sampler calls once per epoch: ``policy(scores, epoch, generator) -> Plan``.
+
+    Two optional hooks, for policies that read more of the score table than its values:
+    ``score_table_options() -> dict`` (the ``ScoreTable`` keyword arguments the rule needs,
+    e.g. ``{"ema": 0.9, "variance": True}``; :class:`~leanbatch.InfoBatch` builds its table
+    with them) and ``bind(table)`` (``PrunedSampler`` calls it once with its table; it may
+    refuse a table that lacks what the rule ranks by). See :class:`~leanbatch.UCBPolicy`.
+    """
 
     num_epochs: int
 

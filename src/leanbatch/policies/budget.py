@@ -164,6 +164,11 @@ class EpsilonGreedyPolicy(_Budget):
 
     def bind(self, table: ScoreTable) -> None:
         """Check that ``table`` keeps what this rule ranks by (``PrunedSampler`` calls it)."""
+        if self._table is not None and self._table is not table:
+            raise ValueError(
+                f"this {type(self).__name__} is bound to another score table already: build one policy per "
+                "sampler (it ranks by the table it is bound to)"
+            )
         if table.ema != self.ema:
             raise ValueError(
                 f"{type(self).__name__}(ema={self.ema}) ranks by an EMA of the loss with momentum "
