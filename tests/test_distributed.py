@@ -24,6 +24,16 @@ def run_ranks(worker: Callable[[int, str, str], None]) -> list[Any]:
         return [torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(WORLD)]
 
 
+def check_shards(stats: list, served_a: list, served_b: list) -> None:
+    """Per epoch: equal shard lengths that together serve the whole plan, overlapping only by padding."""
+    for epoch, (sa, sb) in enumerate(zip(served_a, served_b, strict=True)):
+        assert len(sa) == len(sb)  # equal shard lengths
+        kept, padded = stats[epoch]["kept"], stats[epoch]["padded"]
+        assert len(sa) + len(sb) == kept + padded
+        assert len(set(sa) | set(sb)) == kept  # together they serve the whole plan
+        assert len(set(sa) & set(sb)) <= padded  # and overlap only by the padding
+
+
 def _worker(rank: int, init_file: str, out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
     try:
@@ -53,13 +63,7 @@ def test_ddp_ranks_share_scores_plans_and_split_the_data():
     assert torch.equal(a["scores"], b["scores"])  # merged: identical tables on every rank
     assert a["stats"] == b["stats"]  # identical plans
     assert a["stats"][1]["pruning"] and a["stats"][1]["kept"] < N
-    for epoch in range(EPOCHS):
-        sa, sb = a["served"][epoch], b["served"][epoch]
-        assert len(sa) == len(sb)  # equal shard lengths
-        kept, padded = a["stats"][epoch]["kept"], a["stats"][epoch]["padded"]
-        assert len(sa) + len(sb) == kept + padded
-        assert len(set(sa) | set(sb)) == kept  # together they serve the whole plan
-        assert len(set(sa) & set(sb)) <= padded  # and overlap only by the padding
+    check_shards(a["stats"], a["served"], b["served"])
     # each score is the loss of the rank that served the sample last (x / N + rank); a padded
     # sample served by both ranks gets their mean
     last_a, last_b = set(a["served"][-1]), set(b["served"][-1])

@@ -14,6 +14,21 @@ def gen(seed: int = 0) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
+def _all(cls):
+    """The target-fraction variant at half the ratio: "prune r/2 of all samples" keeps the drop
+    probability of the below-mean ones near r, uncapped, in the tests below."""
+    return lambda ratio, **kw: cls(ratio / 2, target="all", **kw)
+
+
+# The paper's semantics and the target-fraction variant ("prune a share of all samples, drawn from
+# the below-mean ones"), each with its random-pruning twin at the same expected work.
+RESCALED = pytest.mark.parametrize(
+    "policy_cls",
+    [InfoBatchPolicy, RandomPolicy, _all(InfoBatchPolicy), _all(RandomPolicy)],
+    ids=["infobatch", "random", "infobatch-all", "random-all"],
+)
+
+
 def test_threshold_is_mean_of_scored_and_unscored_are_kept():
     scores = torch.tensor([1.0, 2.0, float("nan"), 3.0, 10.0, float("nan")])
     plan = InfoBatchPolicy(0.99, num_epochs=10, delta=0.5)(scores, 0, gen())
@@ -97,7 +112,7 @@ def _estimates(policy, scores: torch.Tensor, g: torch.Tensor, trials: int, weigh
     return out
 
 
-@pytest.mark.parametrize("policy_cls", [InfoBatchPolicy, RandomPolicy])
+@RESCALED
 def test_the_weighted_sum_is_unbiased_and_a_5_percent_weight_error_is_caught(policy_cls):
     """E[sum_kept w_i g_i] = sum_i g_i, with per-sample "gradients" g_i > 0 (not zero-mean, so a
     wrong weight or a wrong drop probability moves the mean by a share of the total)."""
@@ -114,7 +129,7 @@ def test_the_weighted_sum_is_unbiased_and_a_5_percent_weight_error_is_caught(pol
         assert abs(float(bad.mean()) - total) > 25 * sem
 
 
-@pytest.mark.parametrize("policy_cls", [InfoBatchPolicy, RandomPolicy])
+@RESCALED
 def test_inclusion_frequencies_match_the_promised_probabilities(policy_cls):
     """Measured over many planned epochs, not recomputed from the code's formula: each sample's
     inclusion frequency is 1 / its weight (1 for samples that are never dropped)."""
@@ -175,22 +190,32 @@ def test_random_pruning_never_plans_an_empty_epoch_and_stays_unbiased():
         assert abs(float(est.mean()) - float(small.sum())) < 5 * sem
 
 
+def scores_of(kind: str, n: int, g: torch.Generator) -> torch.Tensor:
+    """Score tables that stress planning: spread, one outlier, all equal, half unscored, tiny, none."""
+    if kind == "spike":
+        return torch.cat([torch.full((n - 1,), 0.01), torch.tensor([100.0])])[:n]
+    if kind == "constant":
+        return torch.full((n,), 3.0)
+    if kind == "all_nan":
+        return torch.full((n,), float("nan"))
+    u = torch.rand(n, generator=g)
+    if kind == "some_nan":
+        return torch.where(torch.rand(n, generator=g) < 0.5, float("nan"), u)
+    return u * 1e-30 if kind == "tiny" else u
+
+
+SCORE_KINDS = ["uniform", "spike", "constant", "some_nan", "tiny", "all_nan"]
+
+
 @given(
     n=st.integers(1, 300),
     ratio=st.floats(0.0, 0.999),
-    kind=st.sampled_from(["uniform", "spike", "constant", "some_nan", "tiny"]),
+    kind=st.sampled_from(SCORE_KINDS),
     seed=st.integers(0, 2**31),
 )
 @settings(max_examples=200, deadline=None)
 def test_no_policy_ever_plans_an_empty_epoch(n, ratio, kind, seed):
-    g = gen(seed)
-    scores = {
-        "uniform": torch.rand(n, generator=g),
-        "spike": torch.cat([torch.full((n - 1,), 0.01), torch.tensor([100.0])])[:n],
-        "constant": torch.full((n,), 3.0),
-        "some_nan": torch.where(torch.rand(n, generator=g) < 0.5, float("nan"), torch.rand(n, generator=g)),
-        "tiny": torch.rand(n, generator=g) * 1e-30,
-    }[kind]
+    scores = scores_of(kind, n, gen(seed))
     for policy_cls in (InfoBatchPolicy, RandomPolicy):
         plan = policy_cls(ratio, num_epochs=4, delta=1.0)(scores, 0, gen(seed + 1))
         assert plan.num_kept >= 1
@@ -217,9 +242,9 @@ def test_bad_hyperparameters(kwargs, match):
 
 @pytest.mark.parametrize("policy", [InfoBatchPolicy, RandomPolicy])
 def test_chunked_planning_matches_the_plan_definition(monkeypatch, policy):
-    import leanbatch.policies as policies
+    import leanbatch.policies.base as base  # the chunk size lives there
 
-    monkeypatch.setattr(policies, "_CHUNK", 1000)  # many chunks, a ragged last one
+    monkeypatch.setattr(base, "_CHUNK", 1000)  # many chunks, a ragged last one
     n = 10_537
     scores = torch.rand(n, generator=gen(5))
     scores[::11] = float("nan")

@@ -29,8 +29,8 @@ def roundtrip(state):
     return torch.load(buf, weights_only=True)
 
 
-def run(stop_at=None, explicit_epochs=True):
-    """Train; at global step ``stop_at`` checkpoint, rebuild everything, resume."""
+def run(stop_at=None, explicit_epochs=True, make=make):
+    """Train; at global step ``stop_at`` checkpoint, rebuild everything (with ``make``), resume."""
     ds, loader = make()
     log, step, epoch = [], 0, 0
     while epoch < EPOCHS:

@@ -34,16 +34,7 @@ def draw_count(n: int, keep: float) -> int:
 
 def exact_inclusion(n: int, keep: float) -> list[float]:
     """Inclusion probability of each rank under sequential weighted draws without replacement."""
-    w, k = formula_weights(n, keep), draw_count(n, keep)
-    incl = [0.0] * n
-    for seq in itertools.permutations(range(n), k):
-        p, left = 1.0, 1.0
-        for s in seq:
-            p *= w[s] / left
-            left -= w[s]
-        for s in seq:
-            incl[s] += p
-    return incl
+    return exact_inclusion_for(formula_weights(n, keep), draw_count(n, keep))
 
 
 def race_inclusion(n: int, keep: float, points: int = 2000) -> torch.Tensor:
@@ -85,3 +76,24 @@ def test_race_oracle_matches_enumeration(n: int, keep: float) -> None:
     exact = torch.tensor(exact_inclusion(n, keep), dtype=torch.float64)
     assert torch.allclose(race, exact, atol=1e-7), (race, exact)
     assert abs(float(race.sum()) - draw_count(n, keep)) < 1e-6  # k positions drawn in all
+
+
+def exact_inclusion_for(weights: list[float], k: int) -> list[float]:
+    """Inclusion probability of each position under ``k`` sequential weighted draws without replacement."""
+    total = sum(weights)
+    w = [x / total for x in weights]
+    incl = [0.0] * len(w)
+    for seq in itertools.permutations(range(len(w)), k):
+        p, left = 1.0, 1.0
+        for s in seq:
+            p *= w[s] / left
+            left -= w[s]
+        for s in seq:
+            incl[s] += p
+    return incl
+
+
+def loss_rank_formula_weights(n: int, pressure: float) -> list[float]:
+    """Loshchilov & Hutter's weights by ascending loss position: the hardest (last) weighs 1,
+    each easier rank ``pressure ** (1 / n)`` times less."""
+    return [pressure ** (-(n - 1 - i) / n) for i in range(n)]

@@ -2,17 +2,28 @@
 
 Example:
     >>> from leanbatch import InfoBatch, SelectiveBackprop, select_using_loss
+    >>> from leanbatch import RS2Policy, UCBPolicy, SeTaPolicy, ProxyScorer
 """
 
 from leanbatch.infobatch import InfoBatch
-from leanbatch.policies import InfoBatchPolicy, Plan, RandomPolicy
+from leanbatch.policies import (
+    EpsilonGreedyPolicy,
+    InfoBatchPolicy,
+    Plan,
+    RandomPolicy,
+    RS2Policy,
+    SeTaPolicy,
+    UCBPolicy,
+)
 from leanbatch.sampler import PrunedSampler
 from leanbatch.schedule import ProgressLR, cosine
 from leanbatch.scores import ScoreTable
 from leanbatch.selection import (
+    ProxyScorer,
     Selection,
     SelectiveBackprop,
     per_sequence_loss,
+    select_by_loss_rank,
     select_indices,
     select_using_loss,
     selection_losses,
@@ -21,17 +32,23 @@ from leanbatch.selection import (
 )
 
 __all__ = [
+    "EpsilonGreedyPolicy",
     "InfoBatch",
     "InfoBatchPolicy",
     "Plan",
     "ProgressLR",
+    "ProxyScorer",
     "PrunedSampler",
+    "RS2Policy",
     "RandomPolicy",
     "ScoreTable",
+    "SeTaPolicy",
     "Selection",
     "SelectiveBackprop",
+    "UCBPolicy",
     "cosine",
     "per_sequence_loss",
+    "select_by_loss_rank",
     "select_indices",
     "select_using_loss",
     "selection_losses",

@@ -30,8 +30,13 @@ class InfoBatch(Dataset):
         delta: fraction of the epochs that prune, in (0, 1]; the rest train on all data.
         seed: seeds the plans (with the epoch); the global RNGs are never touched.
         policy: ``"infobatch"`` (default), ``"random"`` (dynamic random pruning, the
-            honest baseline at the same expected work) or a :class:`~leanbatch.policies.Policy`.
-        ema: optional EMA momentum for the scores (None keeps the last loss).
+            honest baseline at the same expected work) or a :class:`~leanbatch.policies.Policy`
+            object (e.g. ``RS2Policy``, ``UCBPolicy``, ``SeTaPolicy``, or ``InfoBatchPolicy``
+            with its short-schedule options), which brings its own hyperparameters:
+            ``prune_ratio`` and ``delta`` here then only apply to string policies.
+        ema: optional EMA momentum for the scores (None keeps the last loss). A policy object
+            that ranks by an EMA (``EpsilonGreedyPolicy``, ``UCBPolicy``) sets the table up
+            itself through its ``score_table_options()``; an explicit ``ema`` must agree.
         device: where the score table lives; by default it follows the losses.
         num_replicas, rank, drop_last: data-parallel sharding (defaults: the process group's,
             read when an epoch is planned, so the wrapper may be built before ``init_process_group``).
@@ -102,7 +107,10 @@ class InfoBatch(Dataset):
         self.num_epochs = num_epochs
         self.prune_ratio = prune_ratio
         self.delta = delta
-        self.scores = ScoreTable(n, device=device, ema=ema)
+        options = dict(getattr(policy_obj, "score_table_options", dict)())
+        if ema is not None:
+            options["ema"] = ema  # the policy's bind() refuses a table it cannot rank by
+        self.scores = ScoreTable(n, device=device, **options)
         self.sampler = PrunedSampler(
             self.scores,
             policy_obj,

@@ -101,6 +101,9 @@ class PrunedSampler(Sampler[int]):
             raise TypeError(f"seed must be an int, got {type(seed).__name__}")
         self.scores = scores
         self.policy = policy
+        bind = getattr(policy, "bind", None)
+        if callable(bind):  # a policy that reads more of the table than its scores (UCB: the variance)
+            bind(scores)
         self.seed = seed
         self.drop_last = drop_last
         self.process_group = process_group

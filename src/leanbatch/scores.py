@@ -54,19 +54,41 @@ class ScoreTable:
     The table may start on CPU and follow the losses to their device on the first
     update (``device=None``), so users need not say where training runs.
 
+    With ``variance=True`` (needs ``ema``) the table also keeps an exponentially
+    weighted variance of each sample's losses (Finch's update: with ``d = new - mean``,
+    ``var <- m * (var + (1 - m) * d**2)``; 0 after the first observation, NaN before),
+    read by :attr:`variances`; UCB pruning ranks by ``mean + c * sqrt(var)``.
+
     Example:
         >>> import torch
         >>> t = ScoreTable(4)
         >>> t.update(torch.tensor([0, 2]), torch.tensor([1.5, float("nan")]))
         >>> t.values.tolist()[:3], int(t.nonfinite_count)
         ([1.5, nan, nan], 1)
+        >>> v = ScoreTable(2, ema=0.5, variance=True)
+        >>> v.update(torch.tensor([0]), torch.tensor([1.0])); v.update(torch.tensor([0]), torch.tensor([3.0]))
+        >>> v.values.tolist(), v.variances.tolist()   # mean 0.5 * 1 + 0.5 * 3; var 0.5 * (0 + 0.5 * 2**2)
+        ([2.0, nan], [1.0, nan])
     """
 
-    def __init__(self, num_samples: int, device: torch.device | str | None = None, ema: float | None = None):
+    def __init__(
+        self,
+        num_samples: int,
+        device: torch.device | str | None = None,
+        ema: float | None = None,
+        variance: bool = False,
+    ):
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
         if ema is not None and not (isinstance(ema, (int, float)) and 0.0 <= float(ema) < 1.0):
             raise ValueError(f"ema must be None or a float in [0, 1), got {ema!r}")
+        if not isinstance(variance, bool):
+            raise TypeError(f"variance must be a bool, got {variance!r}")
+        if variance and ema is None:
+            raise ValueError(
+                "variance=True keeps an exponentially weighted variance of the losses, which needs the EMA "
+                "momentum: pass ema= as well (e.g. ScoreTable(n, ema=0.9, variance=True))"
+            )
         self.num_samples = num_samples
         self.ema = None if ema is None else float(ema)
         self._follow_device = device is None
@@ -78,6 +100,8 @@ class ScoreTable:
         # One slot past the end takes the writes of non-finite losses (see flush): never read.
         self._values = torch.full((num_samples + 1,), float("nan"), dtype=torch.float32, device=dev)
         self._nonfinite = torch.zeros((), dtype=torch.int64, device=dev)
+        # EMA variance (optional), same layout as _values (the spare slot included).
+        self._var: Tensor | None = torch.full_like(self._values, float("nan")) if variance else None
         self._touched: Tensor | None = None  # distributed: what this rank wrote since the last sync
         self._unmerged = False  # this process stored losses no other rank has seen
         self._numbers: Tensor | None = None  # flush scratch: 0, 1, 2, ... and -1, -1, ... (int32)
@@ -100,6 +124,8 @@ class ScoreTable:
         if device != self._values.device:
             self._values = self._values.to(device, non_blocking=True)
             self._nonfinite = self._nonfinite.to(device, non_blocking=True)
+            if self._var is not None:
+                self._var = self._var.to(device, non_blocking=True)
             if self._touched is not None:
                 self._touched = self._touched.to(device, non_blocking=True)
             self._numbers = None  # scratch: made afresh on the new device
@@ -203,12 +229,21 @@ class ScoreTable:
         self._nonfinite += finite.numel() - torch.count_nonzero(finite)
         # Non-finite losses are written to the spare slot past the end instead: no boolean mask.
         dest = torch.where(finite, idx, self.num_samples)
+        var = None
         if self.ema is not None:  # flushed every step (see store): blended with the stored score
+            m = self.ema
             old = values.index_select(0, dest)
-            new = torch.where(torch.isnan(old), new, old * self.ema + new * (1.0 - self.ema))
+            unseen = torch.isnan(old)
+            if self._var is not None:  # Finch's EMA variance, from the deviation to the old mean
+                d = new - old
+                var = torch.where(unseen, 0.0, (self._var.index_select(0, dest) + (1.0 - m) * d * d) * m)
+            new = torch.where(unseen, new, old * m + new * (1.0 - m))
         # Every write of one slot carries the same value, so scatter's order does not matter; every
         # slot written holds at least one finite loss (the others went to the spare slot).
-        values.scatter_(0, dest, new.index_select(0, self._last_write(dest)))
+        last = self._last_write(dest)
+        values.scatter_(0, dest, new.index_select(0, last))
+        if var is not None and self._var is not None:
+            self._var.scatter_(0, dest, var.index_select(0, last))
         if self._touched is not None:
             self._touched.index_fill_(0, idx, True)
 
@@ -239,6 +274,21 @@ class ScoreTable:
         """The scores, float32 (num_samples,), NaN where never scored (flushes queued losses)."""
         self.flush()
         return self._values[: self.num_samples]
+
+    @property
+    def variances(self) -> Tensor:
+        """The EMA variances, float32 (num_samples,), NaN where never scored (``variance=True`` only)."""
+        if self._var is None:
+            raise AttributeError(
+                "this table keeps no variance: build it with ScoreTable(n, ema=m, variance=True)"
+            )
+        self.flush()
+        return self._var[: self.num_samples]
+
+    @property
+    def tracks_variance(self) -> bool:
+        """Whether the table keeps an EMA variance per sample."""
+        return self._var is not None
 
     def get(self, indices: Tensor) -> Tensor:
         """Scores of ``indices`` (NaN where never scored)."""
@@ -278,6 +328,11 @@ class ScoreTable:
         dist.all_reduce(total, group=group)
         dist.all_reduce(count, group=group)
         merged = torch.where(count > 0, total / count.clamp(min=1), self.values.to(dev))
+        if self._var is not None:  # the variances of an index several ranks wrote are averaged too
+            var = self.variances
+            total_var = torch.where(touched, var, torch.zeros_like(var)).to(dev)
+            dist.all_reduce(total_var, group=group)
+            var.copy_(torch.where(count > 0, total_var / count.clamp(min=1), var.to(dev)))
         self.values.copy_(merged)
         self._touched = torch.zeros_like(touched)
         self._unmerged = False
@@ -295,6 +350,7 @@ class ScoreTable:
             "ema": self.ema,
             "values": self.values.detach().cpu().clone(),
             "nonfinite": int(self.nonfinite_count),
+            "variance": None if self._var is None else self.variances.detach().cpu().clone(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -310,6 +366,14 @@ class ScoreTable:
             raise ValueError("state_dict['values'] must be a float tensor of shape (num_samples,)")
         self._pending, self._pending_n = [], 0
         self._unmerged = False
+        var = state.get("variance")
+        if (var is None) != (self._var is None):
+            raise ValueError(
+                "state_dict and this table disagree on variance tracking: build the table with the same "
+                "ScoreTable(..., variance=) as the one that saved it"
+            )
+        if var is not None and self._var is not None:
+            self._var = torch.cat([var.to(self._var.device, torch.float32), self._var[-1:]])
         self._values = torch.cat([values.to(self._values.device, torch.float32), self._values[-1:]])
         # Every rank loads the same table, so the next merge takes only what each rank writes from
         # now on (treating the loaded scores as written would average them into fresh losses).

@@ -25,7 +25,7 @@ import math
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
@@ -261,16 +261,54 @@ def _make_model(data: DataSplit, cfg: TrainConfig) -> nn.Module:
 class _Selection:
     """Selective Backprop for the loop: decides per batch and picks the examples to train on.
 
-    A thin adapter over :class:`leanbatch.selection.SelectiveBackprop` (rank rule, Composer's
-    schedule). ``__call__`` returns ``None`` on batches that train in full, else
-    ``(x_kept, y_kept, positions, losses)``: the kept examples, their positions in the batch and
-    the selection pass's per-example loss of every example. The selection pass leaves BatchNorm statistics
-    untouched.
+    A thin adapter over :class:`leanbatch.selection.SelectiveBackprop`: ``sb`` and ``infobatch+sb``
+    use the rank rule with Composer's schedule; ``obs`` ranks by the last known loss of each index
+    (no selection forward: ``forwards`` is False, and :meth:`record` stores the trained losses);
+    ``sb-proxy`` keeps the hardest examples by a small proxy model trained on every batch it scores,
+    with the main run's optimiser settings and learning-rate schedule. ``__call__`` returns ``None``
+    on batches that train in full, else ``(x_kept, y_kept, positions, losses)``: the kept examples,
+    their positions in the batch and the selection's per-example loss of every example. Selection
+    leaves the model's BatchNorm statistics untouched.
     """
 
-    def __init__(self, spec: MethodSpec, seed: int):
-        from leanbatch.selection import SelectiveBackprop
+    def __init__(
+        self, spec: MethodSpec, seed: int, data: DataSplit | None = None, cfg: TrainConfig | None = None
+    ):
+        from leanbatch.selection import ProxyScorer, SelectiveBackprop
 
+        self.forwards, self.proxy_opt, self.cfg = spec.kind != "obs", None, cfg
+        if spec.kind in ("obs", "sb-proxy"):
+            assert data is not None and cfg is not None
+            scorer = None
+            if spec.kind == "sb-proxy":
+                proxy = _make_model(data, replace(cfg, widths=_proxy_widths(data, cfg, spec.proxy_width)))
+                self.proxy_opt = torch.optim.SGD(
+                    proxy.parameters(),
+                    lr=cfg.lr,
+                    momentum=cfg.momentum,
+                    nesterov=cfg.nesterov,
+                    weight_decay=cfg.weight_decay,
+                )
+                scorer = ProxyScorer(
+                    proxy,
+                    self.proxy_opt,
+                    F.cross_entropy,
+                    train_every=spec.proxy_every,
+                    train_keep=spec.proxy_keep,
+                )
+            self.sb = SelectiveBackprop(
+                start=spec.sel_start,
+                end=spec.sel_end,
+                keep=spec.sel_keep,
+                interrupt=spec.sel_interrupt,
+                rule="loss_rank" if spec.kind == "obs" else "top",
+                num_samples=data.num_train if spec.kind == "obs" else None,
+                selection_pressure=spec.obs_pressure,
+                final_pressure=spec.obs_final_pressure or None,
+                scorer=scorer,
+                seed=seed,
+            )
+            return
         self.sb = SelectiveBackprop(
             start=spec.sb_start,
             end=spec.sb_end,
@@ -280,16 +318,43 @@ class _Selection:
             seed=seed,
         )
 
+    def record(self, indices: Tensor, losses: Tensor) -> None:
+        """``obs``: store the trained examples' losses, which later batches are ranked by."""
+        if not self.forwards:
+            self.sb.record_losses(indices, losses.detach())
+
     def __call__(
-        self, model: nn.Module, x: Tensor, y: Tensor, progress: float, step: int
+        self,
+        model: nn.Module,
+        x: Tensor,
+        y: Tensor,
+        progress: float,
+        step: int,
+        indices: Tensor | None = None,
     ) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
         if not self.sb.is_active(progress, step):
             return None
-        sel = self.sb.select((x, y), model, F.cross_entropy, progress=progress, batch_idx=step)
+        if self.proxy_opt is not None and self.cfg is not None:  # the proxy follows the main schedule
+            for g in self.proxy_opt.param_groups:
+                g["lr"] = self.cfg.lr * _lr_factor(progress, self.cfg.warmup)
+        sel = self.sb.select(
+            (x, y), model, F.cross_entropy, progress=progress, batch_idx=step, indices=indices
+        )
         if sel.positions is None or sel.losses is None:
             return None
         x_sel, y_sel = sel.batch
         return x_sel, y_sel, sel.positions, sel.losses
+
+
+def _proxy_widths(data: DataSplit, cfg: TrainConfig, scale: float) -> tuple[int, ...]:
+    """The main model's stage widths (its defaults unless ``--widths``) times ``scale``, at least 4."""
+    import inspect
+
+    from leanbatch.bench.models import CompactResNet, SmallCNN
+
+    cls = SmallCNN if cfg.resolved_model(data) == "cnn" else CompactResNet
+    widths = cfg.widths or inspect.signature(cls).parameters["widths"].default
+    return tuple(max(4, round(w * scale)) for w in widths)
 
 
 # ---------------------------------------------------------------------------- the run
@@ -336,9 +401,9 @@ class Trainer:
                 prune_ratio=spec.prune_ratio,
                 delta=spec.delta,
                 seed=seed,
-                policy=spec.policy,
+                policy=spec.make_policy(cfg.epochs, seed),
             )
-        self.select = _Selection(spec, seed) if spec.selects else None
+        self.select = _Selection(spec, seed, data, cfg) if spec.selects else None
         self.records: list[EpochRecord] = []
         self.histograms: list[dict[str, Any]] = []
         self._snapshot_epochs = _snapshot_epochs(spec, cfg.epochs, cfg.histogram_epochs)
@@ -383,9 +448,9 @@ class Trainer:
             if cfg.channels_last:
                 x = x.contiguous(memory_format=torch.channels_last)
             # Selection first (on the raw batch), then augmentation of what was selected.
-            picked = self.select(model, x, y, progress, i) if self.select is not None else None
+            picked = self.select(model, x, y, progress, i, idx_dev) if self.select is not None else None
             if picked is not None:
-                sel_fwd += x.shape[0]
+                sel_fwd += x.shape[0] if self.select.forwards else 0  # type: ignore[union-attr]
                 x, y, positions, sel_losses = picked
             if self.augment:
                 x = _augment(x, self.aug_gen)
@@ -393,6 +458,8 @@ class Trainer:
                 x = x.contiguous(memory_format=torch.channels_last)
             out = model(x)
             per_sample = F.cross_entropy(out, y, reduction="none", label_smoothing=cfg.label_smoothing)
+            if picked is not None and not self.select.forwards:  # type: ignore[union-attr]
+                self.select.record(idx_dev[positions], per_sample)  # type: ignore[union-attr]
             if ds is None:
                 loss = per_sample.mean()
             elif picked is None:

@@ -16,6 +16,10 @@ Modules, one concept each:
 - :mod:`~leanbatch.selection.selective_backprop` - ``SelectiveBackprop``, the
   schedule object, and its loader wrapper;
 - :mod:`~leanbatch.selection.stale` - Stale-SB's per-index memory;
+- :mod:`~leanbatch.selection.online` - online batch selection by the last known loss
+  (Loshchilov & Hutter), ``select_by_loss_rank``;
+- :mod:`~leanbatch.selection.proxy` - ``ProxyScorer``, a small model trained alongside
+  the main one that scores batches in its place;
 - :mod:`~leanbatch.selection.losses` - ``per_sequence_loss`` for token models;
 - :mod:`~leanbatch.selection.batches`, :mod:`~leanbatch.selection.accumulate`,
   :mod:`~leanbatch.selection.stats`, :mod:`~leanbatch.selection.rng` - batch
@@ -26,7 +30,9 @@ from leanbatch.selection.accumulate import BatchAccumulator
 from leanbatch.selection.functional import select_using_loss, selection_losses
 from leanbatch.selection.history import LossHistory
 from leanbatch.selection.losses import per_sequence_loss
-from leanbatch.selection.rank import num_selected, rank_weights, select_indices
+from leanbatch.selection.online import loss_rank_weights, select_by_loss_rank
+from leanbatch.selection.proxy import ProxyScorer
+from leanbatch.selection.rank import num_selected, rank_weights, select_hardest, select_indices
 from leanbatch.selection.rng import seed_selection
 from leanbatch.selection.scoring import preserved_training_state
 from leanbatch.selection.selective_backprop import (
@@ -41,15 +47,19 @@ from leanbatch.selection.stats import SelectionStats
 __all__ = [
     "BatchAccumulator",
     "LossHistory",
+    "ProxyScorer",
     "Selection",
     "SelectionStats",
     "SelectiveBackprop",
     "StaleScores",
+    "loss_rank_weights",
     "num_selected",
     "per_sequence_loss",
     "preserved_training_state",
     "rank_weights",
     "seed_selection",
+    "select_by_loss_rank",
+    "select_hardest",
     "select_indices",
     "select_using_loss",
     "selection_losses",

@@ -18,7 +18,13 @@ from torch import Tensor, nn
 from leanbatch.selection._checks import check_autocast, check_fraction, check_int
 from leanbatch.selection.batches import slice_batch
 from leanbatch.selection.layout import Key, batch_size, split_batch
-from leanbatch.selection.scoring import PerExampleLoss, as_per_example_loss, check_downsample, compute_losses
+from leanbatch.selection.scoring import (
+    PerExampleLoss,
+    as_per_example_loss,
+    check_downsample,
+    check_losses,
+    compute_losses,
+)
 
 __all__ = ["SelectionPass"]
 
@@ -27,8 +33,8 @@ class SelectionPass:
     """Settings of the selection forward pass, validated; the base of ``SelectiveBackprop``.
 
     Args: ``scale_factor``, ``loss_fn``, ``input_key``, ``target_key``,
-    ``forward_fn``, ``chunk_size``, ``autocast``, ``eval_mode``, as documented
-    in :class:`~leanbatch.selection.SelectiveBackprop`.
+    ``forward_fn``, ``chunk_size``, ``autocast``, ``eval_mode``, ``scorer``, as
+    documented in :class:`~leanbatch.selection.SelectiveBackprop`.
 
     Example:
         >>> import torch, torch.nn.functional as F
@@ -49,7 +55,13 @@ class SelectionPass:
         chunk_size: int | None = None,
         autocast: torch.dtype | bool | None = None,
         eval_mode: bool = False,
+        scorer: Callable[[Any, Any], Tensor] | None = None,
     ):
+        if scorer is not None and not callable(scorer):
+            raise TypeError(
+                f"scorer must be callable as scorer(inputs, target) -> per-example losses, got {scorer!r}"
+            )
+        self.scorer = scorer
         self.scale_factor = check_fraction(scale_factor, "scale_factor")
         self.loss_fn = loss_fn
         self._default_loss = None if loss_fn is None else as_per_example_loss(loss_fn, "loss_fn")
@@ -69,6 +81,11 @@ class SelectionPass:
         self._checked = False
         self._last_loss: tuple[Any, PerExampleLoss] | None = None
 
+    @property
+    def runs_model(self) -> bool:
+        """Whether selection runs the model (no ``scorer``): then it needs a loss function."""
+        return self.scorer is None
+
     def _loss(self, loss_fn: Callable[..., Tensor] | None) -> PerExampleLoss:
         if loss_fn is None:
             if self._default_loss is None:
@@ -81,8 +98,14 @@ class SelectionPass:
         return self._last_loss[1]
 
     def score(self, model: Any, batch: Any, n: int, loss_fn: Callable[..., Tensor] | None = None) -> Tensor:
-        """Float32 selection losses of the ``n`` examples of ``batch`` (no grad, training state kept)."""
+        """Float32 selection losses of the ``n`` examples of ``batch`` (no grad, training state kept).
+
+        With a ``scorer`` (e.g. a :class:`~leanbatch.selection.ProxyScorer`) the losses are the
+        scorer's, on the batch as loaded; the model is not run.
+        """
         inputs, target = split_batch(batch, self.input_key, self.target_key)
+        if self.scorer is not None:
+            return check_losses(self.scorer(inputs, target), n, "scorer").detach()
         return compute_losses(
             model,
             inputs,
@@ -115,9 +138,12 @@ class SelectionPass:
             ...     print(str(e).split(",")[0])
             scale_factor=0.5 < 1 downsamples the model input spatially
         """
-        loss = self._loss(loss_fn)
         inputs, target = split_batch(batch, self.input_key, self.target_key)
         n = batch_size(inputs, target)
+        if not self.runs_model:  # nothing to dry-run (and a dry run would train a proxy scorer)
+            self._checked = True
+            return
+        loss = self._loss(loss_fn)
         check_downsample(inputs, self.scale_factor)
         m = min(n, 2)
         compute_losses(

@@ -21,7 +21,7 @@ from leanbatch.scores import check_per_sample_loss
 from leanbatch.selection._checks import check_fraction, rankable_losses
 from leanbatch.selection.rng import resolve_generator
 
-__all__ = ["num_selected", "rank_weights", "select_indices"]
+__all__ = ["gumbel_top_k", "num_selected", "rank_weights", "select_hardest", "select_indices"]
 
 
 def num_selected(n: int, keep: float) -> int:
@@ -98,7 +98,44 @@ def select_indices(losses: Tensor, keep: float, generator: torch.Generator | Non
     if k == n:
         return torch.arange(n, device=losses.device)
     order = torch.argsort(losses.detach(), stable=True)  # rank position -> batch position
-    u = torch.rand(n, generator=gen, device=losses.device, dtype=torch.float32)
+    return gumbel_top_k(order, _log_weights(n, float(keep), losses.device), k, gen)
+
+
+def gumbel_top_k(order: Tensor, log_weights: Tensor, k: int, generator: torch.Generator) -> Tensor:
+    """Draw ``k`` rank positions without replacement by ``log_weights``; their batch positions, ascending.
+
+    ``order[i]`` is the batch position holding rank position ``i``. Adding Gumbel noise to
+    the log-weights and keeping the ``k`` largest is the sequential weighted draw without
+    replacement (Plackett-Luce), on the device, with ``k`` known on the host: no sync.
+
+    Example:
+        >>> import torch
+        >>> g = torch.Generator().manual_seed(0)
+        >>> gumbel_top_k(torch.tensor([2, 0, 1]), torch.tensor([0.0, 0.0, 50.0]), 1, g).tolist()  # rank 2
+        [1]
+    """
+    n = order.shape[0]
+    u = torch.rand(n, generator=generator, device=order.device, dtype=torch.float32)
     gumbel = -torch.log(-torch.log(u.clamp_min(torch.finfo(torch.float32).tiny)))
-    top = torch.topk(_log_weights(n, float(keep), losses.device) + gumbel, k, sorted=False).indices
+    top = torch.topk(log_weights + gumbel, k, sorted=False).indices
     return torch.sort(order.index_select(0, top)).values
+
+
+def select_hardest(losses: Tensor, keep: float) -> Tensor:
+    """Positions of the ``max(1, int(keep * N))`` largest losses, ascending (NaN counts as largest).
+
+    The deterministic rule of the airbench proxy runs: train on the hardest share of the batch.
+
+    Example:
+        >>> import torch
+        >>> select_hardest(torch.tensor([0.1, 5.0, 0.2, 4.0]), keep=0.5).tolist()
+        [1, 3]
+    """
+    if isinstance(losses, Tensor):
+        losses = rankable_losses(losses, "losses")
+    losses = check_per_sample_loss(losses, "losses")
+    k = num_selected(losses.shape[0], keep)
+    if k == losses.shape[0]:
+        return torch.arange(k, device=losses.device)
+    hard = torch.nan_to_num(losses.detach().float(), nan=float("inf"))
+    return torch.sort(torch.topk(hard, k, sorted=False).indices).values

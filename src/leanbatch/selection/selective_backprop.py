@@ -5,14 +5,22 @@ except on *interrupt* batches, which train on the whole batch: Composer's rule,
 exactly (see :mod:`~leanbatch.selection.window`; ``interrupt=2`` alternates
 selected and vanilla batches, ``interrupt=0`` selects on every batch).
 
-Two selection rules:
+Selection rules:
 
 - ``rule="rank"`` (default; Composer's): keep ``max(1, int(keep * N))`` of each
   batch, drawn by loss rank - sync-free;
 - ``rule="history"`` (the paper's): keep each example with probability
   ``cdf ** beta`` against a ring buffer of recent losses. Pair it with
   :meth:`SelectiveBackprop.iterate`, which accumulates selected examples into
-  full-size batches as the paper's code does.
+  full-size batches as the paper's code does;
+- ``rule="top"``: keep the hardest ``max(1, int(keep * N))`` (the airbench proxy runs);
+- ``rule="loss_rank"``: online batch selection (Loshchilov & Hutter, 2015): rank by the
+  *last known* loss of each dataset index, drawn with probability decaying exponentially
+  with the rank (:mod:`~leanbatch.selection.online`); no selection forward pass at all.
+
+Scorers: the model itself on a downsampled copy (default), or ``scorer=`` any callable
+``(inputs, target) -> losses``, e.g. a :class:`~leanbatch.selection.ProxyScorer`, a small
+model trained alongside the main one.
 
 Stale-SB (``staleness > 1``) reuses per-index losses measured within the last
 ``staleness`` epochs and skips their selection forward pass.
@@ -47,14 +55,18 @@ from leanbatch.selection.batches import first_tensor, index_batch
 from leanbatch.selection.history import LossHistory
 from leanbatch.selection.layout import Key, Selection, batch_size, split_batch
 from leanbatch.selection.loader import iterate_selected
+from leanbatch.selection.online import check_pressure, pressure_at, select_by_loss_rank
 from leanbatch.selection.passes import SelectionPass
-from leanbatch.selection.rank import num_selected, select_indices
+from leanbatch.selection.rank import num_selected, select_hardest, select_indices
 from leanbatch.selection.rng import DEFAULT_SEED, canonical_device, process_rank, rank_seed
 from leanbatch.selection.stale import StaleScores
 from leanbatch.selection.stats import SelectionStats
 from leanbatch.selection.window import should_selective_backprop, training_progress
 
 __all__ = ["SelectiveBackprop", "Selection", "should_selective_backprop", "training_progress"]
+
+_RULES = ("rank", "history", "top", "loss_rank")
+_FIXED_K = ("rank", "top", "loss_rank")  # rules that keep max(1, int(keep * N)) of a batch
 
 
 class SelectiveBackprop(SelectionPass):
@@ -69,8 +81,19 @@ class SelectiveBackprop(SelectionPass):
             (float 3-D to 5-D inputs only).
         interrupt: every ``interrupt``-th batch of an epoch trains on the whole
             batch; 0 = never (exact rule: :mod:`~leanbatch.selection.window`).
-        rule: ``"rank"`` (Composer's rank rule) or ``"history"`` (the paper's
-            ``cdf ** beta`` against recent losses; ``keep`` does not apply).
+        rule: ``"rank"`` (Composer's rank rule), ``"history"`` (the paper's
+            ``cdf ** beta`` against recent losses; ``keep`` does not apply), ``"top"``
+            (the hardest ``keep`` share, deterministic) or ``"loss_rank"`` (online batch
+            selection by the last known loss of each index: no forward pass; needs
+            ``num_samples`` or ``score_table``, ``select(..., indices=)`` and the trained
+            losses stored with :meth:`record_losses` or by a shared InfoBatch table).
+        selection_pressure: ``loss_rank``: the hardest example's odds over the easiest
+            (Loshchilov & Hutter's ``s_e``; default 100 = their ``s_e0 = 10**2``).
+        final_pressure: ``loss_rank``: decay the pressure exponentially to this value at
+            the end of training (default None: constant).
+        scorer: score with this callable, ``scorer(inputs, target) -> (N,) losses``,
+            instead of the model (e.g. :class:`~leanbatch.selection.ProxyScorer`);
+            ``scale_factor`` and the loss function then do not apply.
         beta: exponent of the history rule (3 in the authors' code; about
             ``1 / (beta + 1)`` of the examples are kept).
         history_size: losses remembered by the history rule (1,024).
@@ -144,6 +167,9 @@ class SelectiveBackprop(SelectionPass):
         seed: int | None = None,
         rank: int | None = None,
         timing: bool = False,
+        selection_pressure: float = 100.0,
+        final_pressure: float | None = None,
+        scorer: Callable[[Any, Any], Tensor] | None = None,
     ):
         super().__init__(
             scale_factor=scale_factor,
@@ -154,6 +180,7 @@ class SelectiveBackprop(SelectionPass):
             chunk_size=chunk_size,
             autocast=autocast,
             eval_mode=eval_mode,
+            scorer=scorer,
         )
         self.start, self.end = check_interval(start, end)
         self.keep = check_fraction(keep, "keep")
@@ -164,13 +191,27 @@ class SelectiveBackprop(SelectionPass):
                 "runs. Use interrupt=0 to select on every batch of the window.",
                 stacklevel=2,
             )
-        if rule not in ("rank", "history"):
-            raise ValueError(f"rule must be 'rank' or 'history', got {rule!r}")
+        if rule not in _RULES:
+            raise ValueError(f"rule must be one of {', '.join(map(repr, _RULES))}, got {rule!r}")
         self.rule = rule
         self._history = LossHistory(history_size, beta) if rule == "history" else None
+        self.selection_pressure = check_pressure(selection_pressure)
+        self.final_pressure = (
+            None if final_pressure is None else check_pressure(final_pressure, "final_pressure")
+        )
         check_int(staleness, "staleness", 1)
         self._stale: StaleScores | None = None
-        if staleness > 1:
+        if rule == "loss_rank":
+            if staleness > 1 or scorer is not None:
+                raise ValueError(
+                    "rule='loss_rank' never scores (it reads the last known losses): drop staleness/scorer"
+                )
+            if num_samples is None and score_table is None:
+                raise ValueError(
+                    "rule='loss_rank' ranks by the last known loss per index: pass num_samples= or score_table="
+                )
+            self._stale = StaleScores(num_samples, 1, score_table)
+        elif staleness > 1:
             self._stale = StaleScores(num_samples, staleness, score_table)
         elif score_table is not None or num_samples is not None:
             raise ValueError("num_samples/score_table are for Stale-SB: also pass staleness >= 2")
@@ -192,6 +233,11 @@ class SelectiveBackprop(SelectionPass):
         )
 
     # ------------------------------------------------------------------ schedule
+    @property
+    def runs_model(self) -> bool:
+        """Whether selection runs the model: not with a ``scorer`` nor with ``rule="loss_rank"``."""
+        return self.scorer is None and self.rule != "loss_rank"
+
     def is_active(self, progress: float, batch_idx: int) -> bool:
         """Whether :meth:`select` selects on this batch (window, interrupt, ``keep < 1``).
 
@@ -200,7 +246,7 @@ class SelectiveBackprop(SelectionPass):
             >>> [sb.is_active(0.6, i) for i in range(4)], sb.is_active(0.9, 0)
             ([True, True, False, True], False)
         """
-        if self.rule == "rank" and self.keep >= 1.0:
+        if self.rule in _FIXED_K and self.keep >= 1.0:
             return False
         return should_selective_backprop(progress, batch_idx, self.start, self.end, self.interrupt)
 
@@ -275,13 +321,14 @@ class SelectiveBackprop(SelectionPass):
         epoch: int | None,
         at_least_one: bool,
     ) -> Selection:
-        self._loss(loss_fn)  # no loss function: fail now, whatever the progress
+        if self.runs_model:
+            self._loss(loss_fn)  # no loss function: fail now, whatever the progress
         if not self._checked:
             self.check(batch, model, loss_fn)
         inputs, target = split_batch(batch, self.input_key, self.target_key)
         n = batch_size(inputs, target)
         if self._stale is not None:  # checked on every batch, not only once the window opens
-            self._stale.check_batch(indices, epoch, n)
+            self._stale.check_batch(indices, 0 if self.rule == "loss_rank" else epoch, n)
         st = self.stats
         st.batches += 1
         st.examples += n
@@ -292,7 +339,7 @@ class SelectiveBackprop(SelectionPass):
             self._draws
         )  # counted on every active batch: the count follows the schedule, equal on all ranks
         self._draws += 1
-        if self.rule == "rank" and num_selected(n, self.keep) == n:
+        if self.rule in _FIXED_K and num_selected(n, self.keep) == n:
             st.backpropagated += n
             return Selection(batch, None, None)
 
@@ -302,7 +349,10 @@ class SelectiveBackprop(SelectionPass):
         if self.timing:
             self._sync()
             t0 = time.perf_counter()
-        if self._stale is not None and indices is not None and epoch is not None:
+        if self.rule == "loss_rank" and self._stale is not None and indices is not None:
+            losses = self._stale.losses(indices).to(device, non_blocking=True)  # no forward pass
+            st.reused += n
+        elif self._stale is not None and indices is not None and epoch is not None:
             todo = (~self._stale.fresh(indices, epoch)).nonzero().squeeze(1)  # no device read for CPU indices
             n_todo = int(todo.shape[0])
             if n_todo:
@@ -316,10 +366,15 @@ class SelectiveBackprop(SelectionPass):
             losses = self.score(model, batch, n, loss_fn)
             st.forwarded += n
 
-        gen = self._generator(losses.device, draw)
-        if self._history is None:
-            positions = select_indices(losses, self.keep, gen)
+        if self.rule == "top":  # deterministic: no generator
+            positions = select_hardest(losses, self.keep)
+        elif self.rule == "loss_rank":
+            pressure = pressure_at(progress, self.selection_pressure, self.final_pressure)
+            positions = select_by_loss_rank(losses, self.keep, pressure, self._generator(losses.device, draw))
+        elif self._history is None:
+            positions = select_indices(losses, self.keep, self._generator(losses.device, draw))
         else:
+            gen = self._generator(losses.device, draw)
             positions = self._history.sample(losses, gen, at_least_one=at_least_one).nonzero().squeeze(1)
         k = int(positions.shape[0])  # host metadata (the history rule's nonzero read the count)
         selected = index_batch(batch, positions, n)
@@ -331,10 +386,14 @@ class SelectiveBackprop(SelectionPass):
             st.selection_time_s += time.perf_counter() - t0
         return Selection(selected, positions, losses)
 
-    def record_losses(self, indices: Tensor, losses: Tensor, epoch: int) -> None:
-        """Stale-SB: store losses measured elsewhere (e.g. the training step's) for ``indices``."""
+    def record_losses(self, indices: Tensor, losses: Tensor, epoch: int = 0) -> None:
+        """Store losses measured elsewhere (e.g. the training step's) for ``indices``.
+
+        For Stale-SB and for ``rule="loss_rank"``, whose ranking reads them (no need when the
+        score table is InfoBatch's: its ``update`` stores the trained losses already).
+        """
         if self._stale is None:
-            raise ValueError("record_losses is for Stale-SB: construct with staleness >= 2")
+            raise ValueError("record_losses is for Stale-SB or rule='loss_rank': construct with one of them")
         self._stale.record(indices, losses, epoch)
 
     @property
@@ -413,7 +472,7 @@ class SelectiveBackprop(SelectionPass):
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
-        """Counters, the draw count, history and Stale-SB memory (``torch.load(weights_only=True)``-safe).
+        """Counters, the draw count, history, Stale-SB memory, the scorer's state (``weights_only``-safe).
 
         The random state is the number of draws made, identical on every rank, so
         a checkpoint saved by one rank resumes every rank's own draws exactly.
@@ -433,6 +492,7 @@ class SelectiveBackprop(SelectionPass):
         return {
             "stats": asdict(self.stats),
             "draws": self._draws,
+            "scorer": self._scorer_state(),
             "history": None if self._history is None else self._history.state_dict(),
             "stale": None if self._stale is None else self._stale.state_dict(),
         }
@@ -450,3 +510,10 @@ class SelectiveBackprop(SelectionPass):
             self._history.load_state_dict(state["history"])
         if self._stale is not None:
             self._stale.load_state_dict(state["stale"])
+        load = getattr(self.scorer, "load_state_dict", None)
+        if state.get("scorer") is not None and callable(load):
+            load(state["scorer"])
+
+    def _scorer_state(self) -> Any:
+        get = getattr(self.scorer, "state_dict", None)
+        return get() if callable(get) else None
