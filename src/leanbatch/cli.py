@@ -17,11 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-__all__ = ["main", "build_parser", "QUICK"]
-
-# ``--quick``: the README's main command; about 1.5 minutes on a 2-core CPU.
-QUICK: dict[str, Any] = {"data": "mnist-5k", "epochs": 8, "seeds": "0,1,2"}
-DEFAULTS: dict[str, Any] = {"data": "mnist-5k", "epochs": 8, "seeds": "0"}
+__all__ = ["main", "build_parser"]
 
 
 class CLIError(Exception):
@@ -64,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``leanbatch`` command."""
     from leanbatch.bench.data import BUILTIN_DATASETS
     from leanbatch.bench.methods import METHODS
+    from leanbatch.bench.presets import DEFAULT_BUDGETS, PRESETS
 
     parser = _Parser(
         prog="leanbatch", description="leanbatch: cheaper PyTorch training at the same accuracy."
@@ -95,11 +92,21 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seeds", default=None, help="comma-separated seeds (default 0)")
     g.add_argument("--batch-size", type=_int, default=128, help="samples per batch")
     g.add_argument(
-        "--quick",
-        action="store_true",
-        help="preset for a first look: 5,000 bundled MNIST digits, 8 epochs, seeds 0,1,2, all methods "
-        "(1-2 minutes on 2 CPU cores); explicit options win",
+        "--budgets",
+        default=None,
+        help="the baseline also trained for these fractions of its steps, with its schedule ending at "
+        "its own end: the frontier every method is compared with at equal time; 'none' to skip "
+        f"(default {DEFAULT_BUDGETS})",
     )
+    g.add_argument(
+        "--preset",
+        choices=tuple(PRESETS),
+        default=None,
+        help="quick: a first look, 5,000 bundled MNIST digits, 8 epochs, seeds 0,1,2 (under 2 minutes on 2 "
+        "CPU cores); cifar10: CIFAR-10 from --data, small CNN, 10 epochs, seeds 0,1,2 (see the README "
+        "for its time); explicit options win",
+    )
+    g.add_argument("--quick", action="store_true", help="the same as --preset quick")
     g.add_argument(
         "--interleave",
         choices=("epoch", "run"),
@@ -112,7 +119,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = b.add_argument_group("training (the same for every method)")
     t.add_argument(
-        "--model", choices=("cnn", "resnet"), default=None, help="default: resnet for 32x32 RGB, else cnn"
+        "--model",
+        choices=("cnn", "resnet"),
+        default=None,
+        help="default: resnet for 32x32 RGB, else cnn (--preset cifar10: cnn)",
     )
     t.add_argument("--widths", default=None, help="channel widths of the model's stages, e.g. 16,32,64")
     t.add_argument("--lr", type=_float, default=0.1, help="peak learning rate (SGD, per-step cosine)")
@@ -274,13 +284,16 @@ def run_bench(args: argparse.Namespace) -> int:
     from leanbatch.bench.data import load_data
     from leanbatch.bench.methods import parse_methods
     from leanbatch.bench.plots import write_plots
-    from leanbatch.bench.report import build_results, format_table, write_results
+    from leanbatch.bench.presets import parse_budgets, resolve, with_budgets
+    from leanbatch.bench.report import build_results, format_equal_time, format_table, write_results
     from leanbatch.bench.train import RunResult, TrainConfig, train_interleaved, train_run, warm_up
 
-    preset = QUICK if args.quick else DEFAULTS
-    data_spec = args.data if args.data is not None else preset["data"]
-    epochs = args.epochs if args.epochs is not None else preset["epochs"]
-    seeds = _parse_seeds(args.seeds if args.seeds is not None else preset["seeds"])
+    if args.quick and args.preset not in (None, "quick"):
+        raise CLIError(f"--quick and --preset {args.preset} conflict: give one of them")
+    given = {k: getattr(args, k) for k in ("data", "epochs", "seeds", "budgets", "model", "widths")}
+    opts = resolve("quick" if args.quick else args.preset, given)
+    data_spec, epochs = opts["data"], opts["epochs"]
+    seeds = _parse_seeds(opts["seeds"])
     if epochs < 1:
         raise CLIError(f"--epochs must be >= 1, got {epochs}")
     if args.batch_size < 1:
@@ -301,8 +314,8 @@ def run_bench(args: argparse.Namespace) -> int:
         "sb_interrupt": args.sb_interrupt,
         "stack_scores": args.stack_scores,
     }
-    methods = parse_methods(args.methods, defaults)
-    widths = _parse_widths(args.widths)
+    methods = with_budgets(parse_methods(args.methods, defaults), parse_budgets(opts["budgets"]))
+    widths = _parse_widths(opts["widths"])
     device = _resolve_device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -322,7 +335,7 @@ def run_bench(args: argparse.Namespace) -> int:
         weight_decay=args.weight_decay,
         warmup=args.warmup,
         device=device,
-        model=args.model,
+        model=opts["model"],
         widths=widths,
         channels_last=args.channels_last,
         augment=args.augment,
@@ -338,7 +351,9 @@ def run_bench(args: argparse.Namespace) -> int:
         "augment": cfg.resolved_augment(data),
         "seeds": seeds,
         "methods": [{"label": m.label, "kind": m.kind, **m.hyperparameters()} for m in methods],
-        "quick": bool(args.quick),
+        "budgets": sorted({m.budget for m in methods if m.kind == "baseline"}),
+        "preset": "quick" if args.quick else args.preset,
+        "quick": bool(args.quick or args.preset == "quick"),
         "interleave": args.interleave,
     }
     command = "leanbatch " + " ".join(shlex.quote(a) for a in (args.argv or []))
@@ -354,12 +369,14 @@ def run_bench(args: argparse.Namespace) -> int:
     interrupted = False
     t_start = time.perf_counter()
 
+    width = max(12, *(len(m.label) for m in methods))
+
     def finished(new_runs: list[RunResult]) -> None:
         for run in new_runs:
             runs.append(run)
             tot = run.totals()
             print(
-                f"  {run.label:<12} seed {run.seed}: {run.final_acc:6.2f}% in {run.train_time:7.1f} s "
+                f"  {run.label:<{width}} seed {run.seed}: {run.final_acc:6.2f}% in {run.train_time:7.1f} s "
                 f"(forwarded {tot['forward_fraction']:.2f}, backpropagated {tot['backward_fraction']:.2f})",
                 flush=True,
             )
@@ -386,6 +403,8 @@ def run_bench(args: argparse.Namespace) -> int:
     write_results(results_path, payload)
     print()
     print(format_table(payload["summary"], args.tolerance))
+    print()
+    print(format_equal_time(payload["equal_time"]))
     written = [results_path]
     if not args.no_plots:
         written += write_plots(payload, out)
@@ -438,12 +457,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     from leanbatch.bench.data import DataError
     from leanbatch.bench.methods import MethodError
+    from leanbatch.bench.presets import PresetError
 
     try:
         if args.command == "bench":
             return run_bench(args)
         return run_micro(args)
-    except (CLIError, DataError, MethodError) as e:
+    except (CLIError, DataError, MethodError, PresetError) as e:
         print(f"leanbatch: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -5,6 +5,9 @@
 - ``kept_per_epoch.png``: fraction of the training set forwarded and backpropagated per epoch.
 - ``loss_histograms.png``: the per-sample score distribution InfoBatch planned from at a few
   epochs, with the pruning threshold (the mean score) marked.
+- ``equal_time.png``: final accuracy against training wall-clock: the baseline trained at each
+  budget as the frontier line (mean over seeds, error bars = std), every other method as a point
+  with error bars over seeds, labelled with its paired difference to the frontier and verdict.
 """
 
 from __future__ import annotations
@@ -96,7 +99,67 @@ def write_plots(payload: dict[str, Any], out_dir: Path) -> list[Path]:
         axes[0][0].set_ylabel("samples")
         fig.suptitle(f"{hist_run['method']} (seed {hist_run['seed']}): scores the epoch was planned from")
         written.append(_save(fig, out_dir / "loss_histograms.png"))
+
+    section = payload.get("equal_time")
+    if section and len(section["frontier"]) >= 2:
+        written.append(_equal_time_plot(plt, section, title, out_dir / "equal_time.png"))
     return written
+
+
+def _equal_time_plot(plt: Any, section: dict[str, Any], title: str, path: Path) -> Path:
+    """The frontier as a line through the budget runs, each method as a point with error bars."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    pts = section["frontier"]
+    ax.errorbar(
+        [p["train_time_s_mean"] for p in pts],
+        [p["acc_mean"] for p in pts],
+        xerr=[p["train_time_s_std"] for p in pts],
+        yerr=[p["acc_std"] for p in pts],
+        color="black",
+        marker="s",
+        ms=4,
+        capsize=3,
+        lw=1.4,
+        label="baseline trained shorter (frontier)",
+    )
+    for p in pts:
+        ax.annotate(
+            f"{p['budget']:g}",
+            (p["train_time_s_mean"], p["acc_mean"]),
+            textcoords="offset points",
+            xytext=(4, -11),
+            fontsize=7,
+        )
+    for row in section["rows"]:
+        times = [s["train_time_s"] for s in row["per_seed"]]
+        accs = [s["acc"] for s in row["per_seed"]]
+        diff = "" if row["diff_mean"] is None else f"{row['diff_mean']:+.2f} pts, "
+        ax.errorbar(
+            [sum(times) / len(times)],
+            [sum(accs) / len(accs)],
+            xerr=[_spread(times)],
+            yerr=[_spread(accs)],
+            marker="o",
+            ms=6,
+            capsize=3,
+            ls="none",
+            label=f"{row['method']}: {diff}{row['verdict']}",
+        )
+    _label(
+        ax,
+        "training wall-clock (s, evaluation excluded)",
+        "final test accuracy (%)",
+        f"Accuracy at equal time: {title}",
+    )
+    return _save(fig, path)
+
+
+def _spread(xs: list[float]) -> float:
+    """Sample standard deviation (0 for a single value)."""
+    if len(xs) < 2:
+        return 0.0
+    m = sum(xs) / len(xs)
+    return (sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5
 
 
 def _num_train(payload: dict[str, Any]) -> int:
