@@ -131,7 +131,7 @@ def test_one_seed_is_undecided_and_no_frontier_is_said() -> None:
 # ---------------------------------------------------------------------------- from runs
 def _run(label: str, kind: str, seed: int, time: float, acc: float, budget: float = 1.0) -> RunResult:
     epoch = EpochRecord(
-        epoch=0, train_time=time, train_cpu_time=time, test_acc=acc, test_loss=0.1, train_loss=0.1,
+        epoch=0, train_time=time, train_cpu_time=2 * time, test_acc=acc, test_loss=0.1, train_loss=0.1,
         steps=10, loaded=100, forwarded=100, select_forwarded=0, backpropagated=100, lr=0.0,
     )  # fmt: skip
     return RunResult(label, kind, seed, num_train=100, epochs=[epoch], budget=budget, full_epochs=1)
@@ -165,6 +165,23 @@ def test_equal_time_section_from_runs() -> None:
     assert rows["tooquick"]["verdict"] == "out of range" and rows["tooquick"]["faster"] == 3
     assert [s["seed"] for s in rows["newmethod"]["per_seed"]] == [0, 1, 2]
     assert is_frontier("baseline") and not is_frontier("random")
+    assert section["clock"] == "wall"
+
+
+def test_equal_time_on_the_cpu_clock() -> None:
+    wall, cpu = equal_time(_synthetic_runs()), equal_time(_synthetic_runs(), clock="cpu")
+    assert cpu["clock"] == "cpu"
+    # the synthetic runs' CPU time is twice their wall-clock: the same frontier, stretched
+    for w, c in zip(wall["frontier"], cpu["frontier"], strict=True):
+        assert c["train_time_s_mean"] == pytest.approx(2 * w["train_time_s_mean"])
+    for w, c in zip(wall["rows"], cpu["rows"], strict=True):
+        assert c["verdict"] == w["verdict"] and c["train_time_s_mean"] == pytest.approx(
+            2 * w["train_time_s_mean"]
+        )
+        if w["diff_mean"] is not None:
+            assert c["diff_mean"] == pytest.approx(w["diff_mean"])
+    with pytest.raises(ValueError, match="clock"):
+        equal_time(_synthetic_runs(), clock="gpu")
 
 
 def test_equal_time_table_and_plot(tmp_path: Path) -> None:

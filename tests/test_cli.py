@@ -93,8 +93,11 @@ def test_results_json_schema(tiny_run: tuple[int, str, Path]) -> None:
     assert payload["schema"] == "leanbatch.bench/2"
     assert payload["interrupted"] is False
     assert set(payload) >= {
-        "config", "versions", "data", "summary", "equal_time", "runs", "command", "tolerance_points"
+        "config", "versions", "data", "summary", "equal_time", "equal_time_cpu", "runs", "command",
+        "tolerance_points",
     }  # fmt: skip
+    assert payload["equal_time"]["clock"] == "wall" and payload["equal_time_cpu"]["clock"] == "cpu"
+    assert payload["config"]["clock"] == "wall"
     assert payload["config"]["epochs"] == 3 and payload["config"]["seeds"] == [0, 1]
     assert payload["config"]["budgets"] == [0.5, 0.75, 1.0]
     assert [m["label"] for m in payload["config"]["methods"]] == ROWS
@@ -193,6 +196,55 @@ def test_plots_written(tiny_run: tuple[int, str, Path]) -> None:
         assert png.is_file() and png.stat().st_size > 5000, name
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert name in out
+
+
+def test_report_recomputes_from_the_runs(
+    tiny_run: tuple[int, str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    original = json.loads((tiny_run[2] / "results.json").read_text())
+    # an older results.json: schema 1, no budgets, no equal-time sections
+    old = {k: v for k, v in original.items() if k not in ("equal_time", "equal_time_cpu")}
+    old["schema"] = "leanbatch.bench/1"
+    old["summary"] = []
+    old["runs"] = [{k: v for k, v in r.items() if k not in ("budget", "steps")} for r in original["runs"]]
+    src = tmp_path / "old.json"
+    src.write_text(json.dumps(old))
+    code, out, err = _run(["report", str(src), "--out", str(tmp_path / "new"), "--clock", "cpu"], capsys)
+    assert code == 0, err
+    new = json.loads((tmp_path / "new" / "results.json").read_text())
+    assert new["schema"] == "leanbatch.bench/2" and new["versions"] == original["versions"]
+    assert new["summary"] == [
+        {**row, "budget": 1.0} for row in original["summary"]
+    ]  # budgets unknown to schema 1
+    assert new["runs"][0]["final_test_acc"] == original["runs"][0]["final_test_acc"]
+    heads = [line for line in out.splitlines() if line.startswith("| method")]
+    assert len(heads) == 2 and "cpu s" in heads[1] and "time s" in heads[0]
+    assert (tmp_path / "new" / "kept_per_epoch.png").is_file()
+    # from the current schema, the same figures come back
+    code, out, _ = _run(["report", str(tiny_run[2]), "--out", str(tmp_path / "again"), "--no-plots"], capsys)
+    again = json.loads((tmp_path / "again" / "results.json").read_text())
+    assert code == 0 and again["summary"] == original["summary"]
+    assert again["equal_time"] == original["equal_time"]
+    assert not (tmp_path / "again" / "equal_time.png").exists()
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (None, "no such file"),
+        ("{oops", "cannot read as JSON"),
+        ('{"a": 1}', "not a leanbatch bench results.json"),
+    ],
+)
+def test_report_bad_input_is_one_line(
+    content: str | None, needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "results.json"
+    if content is not None:
+        path.write_text(content)
+    code, out, err = _run(["report", str(path)], capsys)
+    assert code == 2 and not out
+    assert err.count("\n") == 1 and needle in err and "Traceback" not in err
 
 
 def test_same_seed_same_result(

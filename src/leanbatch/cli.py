@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="leanbatch", description="leanbatch: cheaper PyTorch training at the same accuracy."
     )
-    sub = parser.add_subparsers(dest="command", metavar="{bench,micro}", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="{bench,report,micro}", parser_class=_Parser)
 
     b = sub.add_parser(
         "bench",
@@ -103,7 +103,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=tuple(PRESETS),
         default=None,
         help="quick: a first look, 5,000 bundled MNIST digits, 8 epochs, seeds 0,1,2 (under 2 minutes on 2 "
-        "CPU cores); cifar10: CIFAR-10 from --data, small CNN, 10 epochs, seeds 0,1,2 (see the README "
+        "CPU cores); cifar10: CIFAR-10 from --data, small CNN, 15 epochs, seeds 0,1,2 (see the README "
         "for its time); explicit options win",
     )
     g.add_argument("--quick", action="store_true", help="the same as --preset quick")
@@ -174,10 +174,34 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument(
         "--tolerance", type=_float, default=0.2, help="accuracy points below baseline for t->target"
     )
+    o.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="time axis of the equal-time table and plot: training wall-clock, or the process's CPU time "
+        "(steadier on a shared machine with --threads 1); results.json holds both",
+    )
     o.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     o.add_argument(
         "--no-progress", action="store_true", help="no progress bars (they hide off a terminal anyway)"
     )
+
+    r = sub.add_parser(
+        "report",
+        help="recompute the tables and plots of a finished bench from its results.json",
+        description="Read a results.json (or the folder holding it), recompute the summary and the "
+        "equal-time comparison from its runs with this version, print both tables, and write the "
+        "updated results.json and plots to --out (default: the results' own folder).",
+        formatter_class=_Formatter,
+    )
+    r.add_argument("results", help="a results.json, or the folder that holds it")
+    r.add_argument(
+        "--out", default=None, help="folder for results.json and the plots (default: the results')"
+    )
+    r.add_argument(
+        "--clock", choices=("wall", "cpu"), default="wall", help="time axis of the equal-time table"
+    )
+    r.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
 
     m = sub.add_parser(
         "micro",
@@ -283,9 +307,8 @@ def run_bench(args: argparse.Namespace) -> int:
 
     from leanbatch.bench.data import load_data
     from leanbatch.bench.methods import parse_methods
-    from leanbatch.bench.plots import write_plots
     from leanbatch.bench.presets import parse_budgets, resolve, with_budgets
-    from leanbatch.bench.report import build_results, format_equal_time, format_table, write_results
+    from leanbatch.bench.report import build_results, write_results
     from leanbatch.bench.train import RunResult, TrainConfig, train_interleaved, train_run, warm_up
 
     if args.quick and args.preset not in (None, "quick"):
@@ -355,6 +378,7 @@ def run_bench(args: argparse.Namespace) -> int:
         "preset": "quick" if args.quick else args.preset,
         "quick": bool(args.quick or args.preset == "quick"),
         "interleave": args.interleave,
+        "clock": args.clock,
     }
     command = "leanbatch " + " ".join(shlex.quote(a) for a in (args.argv or []))
     bar = _progress_factory(not args.no_progress)
@@ -400,20 +424,50 @@ def run_bench(args: argparse.Namespace) -> int:
         print("leanbatch: interrupted before any run finished; nothing written", file=sys.stderr)
         return 130
     payload = build_results(runs, config, data.describe(), args.tolerance, interrupted, command)
-    write_results(results_path, payload)
-    print()
-    print(format_table(payload["summary"], args.tolerance))
-    print()
-    print(format_equal_time(payload["equal_time"]))
-    written = [results_path]
-    if not args.no_plots:
-        written += write_plots(payload, out)
+    written = _publish(payload, out, args.no_plots)
     print(f"\nwrote {', '.join(str(p) for p in written)} ({time.perf_counter() - t_start:.0f} s in all)")
     if interrupted:
         print(
             f"leanbatch: interrupted; kept the {len(runs)} finished run(s) in {results_path}", file=sys.stderr
         )
         return 130
+    return 0
+
+
+def _publish(payload: dict[str, Any], out: Path, no_plots: bool) -> list[Path]:
+    """Write results.json, print both tables (the equal-time one on ``config.clock``), draw the plots."""
+    from leanbatch.bench.plots import write_plots
+    from leanbatch.bench.report import format_equal_time, format_table, write_results
+
+    results_path = out / "results.json"
+    write_results(results_path, payload)
+    print()
+    print(format_table(payload["summary"], payload["tolerance_points"]))
+    print()
+    cpu = payload["config"].get("clock") == "cpu"
+    print(format_equal_time(payload["equal_time_cpu" if cpu else "equal_time"]))
+    return [results_path] + ([] if no_plots else write_plots(payload, out))
+
+
+def run_report(args: argparse.Namespace) -> int:
+    """``leanbatch report``: the tables and plots of a finished bench, recomputed from its runs."""
+    from leanbatch.bench.report import read_results, rebuild
+
+    source = Path(args.results)
+    try:
+        payload = rebuild(read_results(source))
+    except ValueError as e:
+        raise CLIError(str(e)) from None
+    except (KeyError, TypeError) as e:
+        raise CLIError(f"{source}: a results.json without the runs' details ({e})") from None
+    payload["config"]["clock"] = args.clock
+    out = Path(args.out) if args.out else (source if source.is_dir() else source.parent)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CLIError(f"cannot create --out {out}: {e.strerror}") from None
+    written = _publish(payload, out, args.no_plots)
+    print(f"\nwrote {', '.join(str(p) for p in written)}")
     return 0
 
 
@@ -462,6 +516,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.command == "bench":
             return run_bench(args)
+        if args.command == "report":
+            return run_report(args)
         return run_micro(args)
     except (CLIError, DataError, MethodError, PresetError) as e:
         print(f"leanbatch: error: {e}", file=sys.stderr)

@@ -54,6 +54,7 @@ __all__ = [
     "compare",
     "is_frontier",
     "equal_time",
+    "CLOCKS",
 ]
 
 CONFIDENCE = 0.95
@@ -247,13 +248,26 @@ def is_frontier(kind: str) -> bool:
     return kind == "baseline"
 
 
-def equal_time(runs: Sequence[RunResult], order: Sequence[str] | None = None) -> dict[str, Any]:
+CLOCKS = ("wall", "cpu")
+
+
+def equal_time(
+    runs: Sequence[RunResult], order: Sequence[str] | None = None, clock: str = "wall"
+) -> dict[str, Any]:
     """The ``equal_time`` section of results.json from finished runs.
 
     ``frontier``: one entry per budget (ascending) with its mean and spread of accuracy and time;
     ``rows``: one :class:`Comparison` per other method label (``order`` first, then first-seen),
-    so any method, including ones added later, is held to the same yardstick.
+    so any method, including ones added later, is held to the same yardstick. ``clock`` is the
+    time axis: ``wall`` (training wall-clock) or ``cpu`` (the process's CPU time over the same
+    spans; with one thread it leaves out the time other work on a shared machine took).
     """
+    if clock not in CLOCKS:
+        raise ValueError(f"clock must be one of {CLOCKS}, got {clock!r}")
+
+    def time_of(r: RunResult) -> float:
+        return r.train_time if clock == "wall" else r.train_cpu_time
+
     labels = list(dict.fromkeys([*(order or []), *(r.label for r in runs)]))
     groups = {lab: [r for r in runs if r.label == lab] for lab in labels}
     groups = {lab: rs for lab, rs in groups.items() if rs}
@@ -263,7 +277,7 @@ def equal_time(runs: Sequence[RunResult], order: Sequence[str] | None = None) ->
         if not is_frontier(rs[0].kind):
             continue
         for r in rs:
-            frontier.setdefault(r.seed, []).append((r.train_time, r.final_acc))
+            frontier.setdefault(r.seed, []).append((time_of(r), r.final_acc))
         points.append(
             {
                 "method": lab,
@@ -271,8 +285,8 @@ def equal_time(runs: Sequence[RunResult], order: Sequence[str] | None = None) ->
                 "seeds": [r.seed for r in rs],
                 "acc_mean": _mean([r.final_acc for r in rs]),
                 "acc_std": _std([r.final_acc for r in rs]),
-                "train_time_s_mean": _mean([r.train_time for r in rs]),
-                "train_time_s_std": _std([r.train_time for r in rs]),
+                "train_time_s_mean": _mean([time_of(r) for r in rs]),
+                "train_time_s_std": _std([time_of(r) for r in rs]),
             }
         )
     points.sort(key=lambda p: p["budget"])
@@ -280,9 +294,10 @@ def equal_time(runs: Sequence[RunResult], order: Sequence[str] | None = None) ->
     for lab, rs in groups.items():
         if is_frontier(rs[0].kind):
             continue
-        comparison = compare(frontier, {r.seed: (r.train_time, r.final_acc) for r in rs})
+        comparison = compare(frontier, {r.seed: (time_of(r), r.final_acc) for r in rs})
         rows.append({"method": lab, "kind": rs[0].kind, **comparison.as_dict()})
     return {
+        "clock": clock,
         "rule": RULE,
         "confidence": CONFIDENCE,
         "budgets": [p["budget"] for p in points],

@@ -6,7 +6,7 @@ A preset fills in the options a user did not give (explicit options always win):
   2 CPU cores: 4,000 train / 1,000 test bundled MNIST digits, 8 epochs, seeds 0, 1, 2, every
   method, the baseline at budgets 0.5, 0.7, 0.85 and 1.
 - ``cifar10``: the CIFAR-10 comparison on a folder you give with ``--data`` (an ImageFolder with
-  ``train/`` and ``test/``, or the python batches): the small CNN (16/32/64 channels), 10 epochs,
+  ``train/`` and ``test/``, or the python batches): the small CNN (16/32/64 channels), 15 epochs,
   seeds 0, 1, 2, random crop + flip, every method, the same budgets.
 
 Without a preset the defaults are ``mnist-5k``, 8 epochs, seed 0 and the same budgets.
@@ -41,7 +41,7 @@ DEFAULTS: dict[str, Any] = {
 }
 PRESETS: dict[str, dict[str, Any]] = {
     "quick": {"data": "mnist-5k", "epochs": 8, "seeds": "0,1,2"},
-    "cifar10": {"data": None, "epochs": 10, "seeds": "0,1,2", "model": "cnn", "widths": "16,32,64"},
+    "cifar10": {"data": None, "epochs": 15, "seeds": "0,1,2", "model": "cnn", "widths": "16,32,64"},
 }
 
 

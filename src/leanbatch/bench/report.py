@@ -26,8 +26,9 @@ interval, and ``verdict`` above / on (within noise) / below / out of range.
 results.json (schema ``leanbatch.bench/2``; ``docs/results-json.md`` describes every key):
 ``schema``, ``command``, ``interrupted``, ``config`` (every option, ``budgets`` included),
 ``versions``, ``data``, ``tolerance_points``, ``summary`` (the first table's rows, with ``budget``),
-``equal_time`` (``rule``, ``confidence``, ``budgets``, ``frontier``: one point per budget, and
-``rows``: one comparison per method, with ``per_seed`` details) and ``runs`` (every run, per epoch).
+``equal_time`` (``clock``, ``rule``, ``confidence``, ``budgets``, ``frontier``: one point per
+budget, and ``rows``: one comparison per method, with ``per_seed`` details), ``equal_time_cpu``
+(the same in CPU time) and ``runs`` (every run, per epoch).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from leanbatch.bench.frontier import equal_time
-from leanbatch.bench.train import RunResult
+from leanbatch.bench.train import EpochRecord, RunResult
 
 __all__ = [
     "SCHEMA",
@@ -50,6 +51,8 @@ __all__ = [
     "format_equal_time",
     "build_results",
     "write_results",
+    "read_results",
+    "rebuild",
     "versions",
 ]
 
@@ -218,7 +221,8 @@ def format_equal_time(section: dict[str, Any]) -> str:
     """
     if len(section["frontier"]) < 2:
         return "equal time: no baseline budget runs, no frontier (add --budgets)"
-    head = ["method", "budget", "acc %", "time s", "frontier %", "vs frontier", "95% CI", "verdict"]
+    time_head = "time s" if section.get("clock", "wall") == "wall" else "cpu s"
+    head = ["method", "budget", "acc %", time_head, "frontier %", "vs frontier", "95% CI", "verdict"]
     lines = [head]
     for p in section["frontier"]:
         lines.append(
@@ -254,8 +258,8 @@ def format_equal_time(section: dict[str, Any]) -> str:
         )
     out = _markdown(lines, left=(0, len(head) - 1))
     out.append(
-        "\nequal time: each method against the baseline trained for a fraction (budget) of its steps, "
-        "at the method's own training time, paired by seed; vs frontier = mean ± std of the per-seed "
+        f"\nequal time ({section.get('clock', 'wall')} clock): each method against the baseline trained for "
+        "a fraction (budget) of its steps, at the method's own training time, paired by seed; vs frontier = mean ± std of the per-seed "
         "differences (points), never extrapolated; above/below only when the 95% CI excludes 0 and "
         "|mean| > std, else on (within noise)"
     )
@@ -300,7 +304,8 @@ def build_results(
         "data": data,
         "tolerance_points": tolerance,
         "summary": summarize(runs, tolerance, [m["label"] for m in config.get("methods", [])]),
-        "equal_time": equal_time(runs, [m["label"] for m in config.get("methods", [])]),
+        "equal_time": equal_time(runs, [m["label"] for m in config.get("methods", [])], "wall"),
+        "equal_time_cpu": equal_time(runs, [m["label"] for m in config.get("methods", [])], "cpu"),
         "runs": [r.as_dict() for r in runs],  # in the order they ran
     }
 
@@ -321,3 +326,65 @@ def _clean(o: Any) -> Any:
     if isinstance(o, (list, tuple)):
         return [_clean(v) for v in o]
     return o
+
+
+def read_results(path: Path) -> dict[str, Any]:
+    """The payload of a results.json, given the file or the folder that holds it.
+
+    Raises ``ValueError`` with a one-line reason when it is missing or not a bench results file.
+    """
+    file = path / "results.json" if path.is_dir() else path
+    try:
+        payload = json.loads(file.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{file}: no such file (give a results.json or the folder that holds it)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{file}: cannot read as JSON ({e})") from None
+    if not isinstance(payload, dict) or not str(payload.get("schema", "")).startswith("leanbatch.bench/"):
+        raise ValueError(f"{file}: not a leanbatch bench results.json (no leanbatch.bench schema)")
+    return payload
+
+
+def rebuild(payload: dict[str, Any]) -> dict[str, Any]:
+    """``payload`` with ``summary`` and the equal-time sections recomputed from its runs.
+
+    Everything measured (runs, configuration, data, versions, command) is kept as it was; an
+    older schema is brought up to the current one (runs without a budget ran the full length).
+
+    Example:
+        >>> runs = [RunResult("baseline", "baseline", 0, 10, [EpochRecord(0, 1.0, 1.0, 90.0, 0.3, 0.3, 1, 10, 10, 0, 10, 0.0)])]
+        >>> old = build_results(runs, {"epochs": 1, "methods": []}, {"num_train": 10}, 0.2)
+        >>> new = rebuild({**old, "schema": "leanbatch.bench/1", "summary": []})
+        >>> new["schema"], new["summary"][0]["acc_mean"], new["versions"] == old["versions"]
+        ('leanbatch.bench/2', 90.0, True)
+    """
+    config = payload["config"]
+    scales = {m["label"]: m.get("sb_scale", 1.0) for m in config.get("methods", [])}
+    fields = set(EpochRecord.__dataclass_fields__)
+    runs = [
+        RunResult(
+            label=r["method"],
+            kind=r["kind"],
+            seed=r["seed"],
+            num_train=int(payload["data"]["num_train"]),
+            epochs=[EpochRecord(**{k: v for k, v in e.items() if k in fields}) for e in r["epochs"]],
+            histograms=r.get("loss_histograms", []),
+            eval_time=r.get("eval_time_s", 0.0),
+            sb_scale=scales.get(r["method"], 1.0),
+            load_avg=r.get("load_avg_start_end", []),
+            budget=r.get("budget", 1.0),
+            full_epochs=config.get("epochs"),
+        )
+        for r in payload["runs"]
+    ]
+    config = {**config, "budgets": sorted({r.budget for r in runs if r.kind == "baseline"})}
+    new = build_results(
+        runs,
+        config,
+        payload["data"],
+        payload.get("tolerance_points", 0.2),
+        payload.get("interrupted", False),
+        payload.get("command"),
+    )
+    new["versions"] = payload.get("versions", new["versions"])
+    return new
