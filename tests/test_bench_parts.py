@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from leanbatch.bench import micro
+from leanbatch.bench import train as train_mod
 from leanbatch.bench.data import load_data
 from leanbatch.bench.methods import MethodError, parse_methods
 from leanbatch.bench.models import CompactResNet, SmallCNN, build_model, default_model_name
@@ -113,6 +114,29 @@ def test_budget_runs_train_their_share_of_steps_with_their_own_schedule() -> Non
         assert run.epochs[-1].lr < 0.15 * cfg.lr
     assert short.epochs[0].lr < full.epochs[0].lr < long.epochs[0].lr
     assert len(ib.epochs) == 3 and ib.budget == 1.0
+
+
+def test_runs_of_different_lengths_interleave_over_the_same_span(monkeypatch: pytest.MonkeyPatch) -> None:
+    data = load_data("digits", limit_train=160, limit_test=40)  # 5 steps of 32 per epoch
+    cfg = TrainConfig(epochs=3, batch_size=32, widths=(4,), histogram_epochs=0)
+    order: list[tuple[str, int]] = []
+    real = train_mod.Trainer.run_epoch
+
+    def logged(self: train_mod.Trainer, *args: object, **kwargs: object) -> EpochRecord:
+        order.append((self.spec.label, len(self.records)))
+        return real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(train_mod.Trainer, "run_epoch", logged)
+    specs = parse_methods("baseline,infobatch,baseline[budget=0.4]")  # the budget run: 6 steps = 5 + 1
+    try:
+        train_interleaved(data, specs, seed=0, cfg=cfg)
+    finally:
+        torch.set_flush_denormal(False)
+    # epoch midpoints as fractions of each run: full runs 1/6, 3/6, 5/6; the budget run 2.5/6, 5.5/6
+    full, ib, short = (s.label for s in specs)
+    assert order == [
+        (full, 0), (ib, 0), (short, 0), (full, 1), (ib, 1), (full, 2), (ib, 2), (short, 1)
+    ]  # fmt: skip
 
 
 def _run(label: str, seed: int, accs: list[float], times: list[float], loaded: int, bwd: int) -> RunResult:

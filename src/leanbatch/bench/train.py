@@ -381,6 +381,15 @@ class Trainer:
     def done(self) -> bool:
         return len(self.records) == self.num_epochs
 
+    @property
+    def next_midpoint(self) -> float:
+        """The middle of the next epoch, as a fraction of this run's length (for interleaving)."""
+        if self.total_steps is None:
+            return (len(self.records) + 0.5) / self.num_epochs
+        steps_per_epoch = math.ceil(self.data.num_train / self.cfg.batch_size)
+        next_steps = min(steps_per_epoch, self.total_steps - self.steps_done)
+        return (self.steps_done + next_steps / 2) / self.total_steps
+
     def run_epoch(self, on_step: Callable[[float], Any] | None = None) -> EpochRecord:
         """Train the next epoch (timed), then evaluate on the test split (not timed)."""
         cfg, spec, ds, model, opt = self.cfg, self.spec, self.ds, self.model, self.opt
@@ -529,6 +538,12 @@ def train_interleaved(
 
     On a machine that also runs other work, a slow spell then slows every method alike instead
     of the one that happened to be running. Results are those of separate runs.
+
+    Runs of different lengths (budget baselines) are spread over the same span: the next epoch
+    always goes to the run whose next epoch is the least far along its own training (by the
+    middle of that epoch, as a fraction of the run's length), so a run half as long trains about
+    every other round, from the start of the seed to its end, instead of all of its epochs
+    first; with equal lengths this is plain round-robin in the given order.
     """
     trainers = [Trainer(data, spec, seed, cfg) for spec in specs]
     bars = [
@@ -538,13 +553,14 @@ def train_interleaved(
         for k, t in enumerate(trainers)
     ]
     try:
-        for _ in range(max(t.num_epochs for t in trainers)):
-            for t, bar in zip(trainers, bars, strict=True):
-                if t.done:  # a budget run that has used its steps
-                    continue
-                rec = t.run_epoch(_bar_step(bar))
-                if bar is not None:
-                    bar.set_postfix_str(f"acc {rec.test_acc:.2f}%")
+        while not all(t.done for t in trainers):
+            k = min(
+                (k for k, t in enumerate(trainers) if not t.done), key=lambda k: trainers[k].next_midpoint
+            )
+            bar = bars[k]
+            rec = trainers[k].run_epoch(_bar_step(bar))
+            if bar is not None:
+                bar.set_postfix_str(f"acc {rec.test_acc:.2f}%")
     finally:
         for bar in bars:
             if bar is not None:
