@@ -1,25 +1,35 @@
 #!/usr/bin/env bash
 # The commands behind the README's measured tables (CPU; pass --device cuda for a GPU).
 # Each writes results.json and PNG plots to its own folder under ${OUT:-leanbatch-results}.
-# Benchmarks, not tests: run them on a quiet machine (results.json records the load average
-# at the start and end of every run, so a disturbed run can be told from a clean one).
+# Benchmarks, not tests: run them one at a time, on a quiet machine if you can (results.json
+# records the load average at the start and end of every run, so a disturbed run can be told
+# from a clean one). The long runs use one torch thread: on a 2-core machine shared with other
+# work, two OpenMP threads per process were up to 20x slower per step whenever another process
+# was busy, one thread at most 1.5x; the ratios in a table compare runs of one invocation.
 set -euo pipefail
 OUT=${OUT:-leanbatch-results}
 MNIST=${MNIST:-../shared/data/mnist.npz}   # any .npz with x_train/y_train/x_test/y_test
+CIFAR=${CIFAR:-.data/cifar10}             # tar -xJf ../shared/data/cifar10-jpeg.tar.xz -C .data/cifar10
 
-# 1. The first look: 5,000 bundled MNIST digits, all five methods, three seeds (~1.5 min).
+# 1. The first look: 5,000 bundled MNIST digits, every method and the baseline at budgets
+#    0.5, 0.7, 0.85 and 1, three seeds (the README's main command).
 leanbatch bench --quick --out "$OUT/quick"
 
 if [ -f "$MNIST" ]; then
-  # 2. Full MNIST (60k/10k), 8 epochs, three seeds, all five methods (~18 min on 2 cores).
-  leanbatch bench --data "$MNIST" --epochs 8 --seeds 0,1,2 --out "$OUT/mnist"
-
-  # 3. Longer training, Selective Backprop on every batch of its window, and stacking (~25 min).
-  leanbatch bench --data "$MNIST" --epochs 12 --seeds 0,1,2 --out "$OUT/mnist-12" \
-    --methods 'baseline,infobatch,sb[sb_interrupt=0],infobatch+sb'
+  # 2. Full MNIST (60k/10k), 8 epochs, three seeds, every method and the budgets.
+  leanbatch bench --data "$MNIST" --epochs 8 --seeds 0,1,2 --threads 1 --out "$OUT/mnist"
 fi
 
-# 4. Micro-benchmarks: planning time and memory up to 100M samples, update() and selection cost.
+if [ -d "$CIFAR" ]; then
+  # 3. CIFAR-10, the small CNN: the cifar10 preset (15 epochs, seeds 0,1,2, crop + flip).
+  leanbatch bench --preset cifar10 --data "$CIFAR" --threads 1 --out "$OUT/cifar10-cnn"
+
+  # 4. CIFAR-10, the compact ResNet, narrowed to 16/32/64 channels and 4 epochs to fit 2 cores.
+  leanbatch bench --preset cifar10 --data "$CIFAR" --model resnet --widths 16,32,64 --epochs 4 \
+    --threads 1 --out "$OUT/cifar10-resnet"
+fi
+
+# 5. Micro-benchmarks: planning time and memory up to 100M samples, update() and selection cost.
 leanbatch micro plan --sizes 1280000,10000000,100000000 --json "$OUT/micro-plan.json"
 leanbatch micro update --json "$OUT/micro-update.json"
 leanbatch micro select --json "$OUT/micro-select.json"

@@ -9,10 +9,21 @@ import torch
 import torch.nn.functional as F
 
 from leanbatch.bench import micro
+from leanbatch.bench import train as train_mod
+from leanbatch.bench.data import load_data
 from leanbatch.bench.methods import MethodError, parse_methods
 from leanbatch.bench.models import CompactResNet, SmallCNN, build_model, default_model_name
 from leanbatch.bench.report import format_table, summarize
-from leanbatch.bench.train import EpochRecord, RunResult, _augment, _lr_factor, _snapshot_epochs
+from leanbatch.bench.train import (
+    EpochRecord,
+    RunResult,
+    TrainConfig,
+    _augment,
+    _lr_factor,
+    _snapshot_epochs,
+    budget_steps,
+    train_interleaved,
+)
 
 
 def test_parse_methods_defaults_and_overrides() -> None:
@@ -22,7 +33,7 @@ def test_parse_methods_defaults_and_overrides() -> None:
     assert [s.label for s in specs] == ["baseline", "infobatch", "infobatch+sb[sb_keep=0.3,sb_interrupt=0]"]
     assert specs[1].prune_ratio == 0.7 and specs[1].prunes and not specs[1].selects
     assert specs[2].sb_keep == 0.3 and specs[2].sb_interrupt == 0 and specs[2].prunes and specs[2].selects
-    assert specs[0].hyperparameters() == {}
+    assert specs[0].hyperparameters() == {"budget": 1.0}
     assert set(specs[2].hyperparameters()) >= {"prune_ratio", "sb_keep", "stack_scores"}
     assert parse_methods("random")[0].policy == "random"
 
@@ -105,6 +116,50 @@ def test_snapshot_epochs_are_pruning_epochs() -> None:
     assert _snapshot_epochs(spec, 8, 3) == {1, 3, 6}  # epochs 1..6 prune (epoch 0 is unscored)
     assert _snapshot_epochs(parse_methods("baseline")[0], 8, 3) == set()
     assert _snapshot_epochs(spec, 2, 3) == set()
+
+
+def test_budget_runs_train_their_share_of_steps_with_their_own_schedule() -> None:
+    data = load_data("digits", limit_train=160, limit_test=40)  # 5 steps of 32 per epoch
+    cfg = TrainConfig(epochs=3, batch_size=32, widths=(4,), histogram_epochs=0)
+    specs = parse_methods("baseline,baseline[budget=0.45],baseline[budget=1.5],infobatch")
+    try:
+        full, short, long, ib = train_interleaved(data, specs, seed=0, cfg=cfg)
+    finally:
+        torch.set_flush_denormal(False)
+    assert [e.steps for e in full.epochs] == [5, 5, 5]
+    assert budget_steps(0.45, 3, 5) == 7 and [e.steps for e in short.epochs] == [5, 2]
+    assert [e.steps for e in long.epochs] == [5, 5, 5, 5, 3]  # a budget above 1 trains longer
+    # work as a share of the full baseline's 3 x 160 samples
+    assert short.budget == 0.45 and short.totals()["loaded_fraction"] == pytest.approx(7 * 32 / 480)
+    assert long.totals()["backward_fraction"] == pytest.approx(23 * 32 / 480)
+    # every schedule ends at its own end; the short one is already lower after its first epoch
+    for run in (full, short, long):
+        assert run.epochs[-1].lr < 0.15 * cfg.lr
+    assert short.epochs[0].lr < full.epochs[0].lr < long.epochs[0].lr
+    assert len(ib.epochs) == 3 and ib.budget == 1.0
+
+
+def test_runs_of_different_lengths_interleave_over_the_same_span(monkeypatch: pytest.MonkeyPatch) -> None:
+    data = load_data("digits", limit_train=160, limit_test=40)  # 5 steps of 32 per epoch
+    cfg = TrainConfig(epochs=3, batch_size=32, widths=(4,), histogram_epochs=0)
+    order: list[tuple[str, int]] = []
+    real = train_mod.Trainer.run_epoch
+
+    def logged(self: train_mod.Trainer, *args: object, **kwargs: object) -> EpochRecord:
+        order.append((self.spec.label, len(self.records)))
+        return real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(train_mod.Trainer, "run_epoch", logged)
+    specs = parse_methods("baseline,infobatch,baseline[budget=0.4]")  # the budget run: 6 steps = 5 + 1
+    try:
+        train_interleaved(data, specs, seed=0, cfg=cfg)
+    finally:
+        torch.set_flush_denormal(False)
+    # epoch midpoints as fractions of each run: full runs 1/6, 3/6, 5/6; the budget run 2.5/6, 5.5/6
+    full, ib, short = (s.label for s in specs)
+    assert order == [
+        (full, 0), (ib, 0), (short, 0), (full, 1), (ib, 1), (full, 2), (ib, 2), (short, 1)
+    ]  # fmt: skip
 
 
 def _run(label: str, seed: int, accs: list[float], times: list[float], loaded: int, bwd: int) -> RunResult:

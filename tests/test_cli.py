@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import pickle
 import subprocess
 import sys
@@ -15,8 +16,11 @@ import torch
 
 from leanbatch import cli
 from leanbatch.bench import train as train_mod
+from leanbatch.bench.train import budget_steps
 
 METHODS = ["baseline", "random", "infobatch", "sb", "infobatch+sb"]
+BUDGETS = ["baseline[budget=0.5]", "baseline[budget=0.75]"]
+ROWS = ["baseline", *BUDGETS, *METHODS[1:]]
 # 3 epochs: epoch 1 prunes (floor(0.875 * 3) = 2 pruning epochs, epoch 0 is unscored),
 # and Selective Backprop's window 0.5..0.9 of training covers epochs 1 and 2.
 TINY = [
@@ -30,6 +34,7 @@ TINY = [
     "--seeds", "0",
     "--no-progress",
     "--threads", "1",  # tiny ops: one thread is faster, and immune to a busy machine
+    "--budgets", "none",  # the tests of the frontier say otherwise
 ]  # fmt: skip
 
 
@@ -50,7 +55,7 @@ def _run(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str,
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, str, Path]:
-    """One full five-method run shared by the tests that read its outputs."""
+    """One full five-method run with two budget baselines, shared by the tests that read its outputs."""
     import contextlib
     import io
 
@@ -59,7 +64,7 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, str, Path]:
     threads = torch.get_num_threads()
     try:
         with contextlib.redirect_stdout(buf):
-            code = cli.main([*TINY, "--seeds", "0,1", "--out", str(out_dir)])
+            code = cli.main([*TINY, "--seeds", "0,1", "--budgets", "0.5,0.75,1", "--out", str(out_dir)])
     finally:
         torch.set_num_threads(threads)
         torch.set_flush_denormal(False)
@@ -69,10 +74,15 @@ def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[int, str, Path]:
 def test_bench_prints_a_row_per_method(tiny_run: tuple[int, str, Path]) -> None:
     code, out, _ = tiny_run
     assert code == 0
-    table = [line for line in out.splitlines() if line.startswith("| ")]
-    assert table[0].split("|")[1].strip() == "method"
-    assert [row.split("|")[1].strip() for row in table[1:]] == METHODS
+    lines = [line for line in out.splitlines() if line.startswith("| ")]
+    heads = [k for k, line in enumerate(lines) if line.split("|")[1].strip() == "method"]
+    assert len(heads) == 2  # the main table, then the equal-time table
+    table, equal = lines[: heads[1]], lines[heads[1] :]
+    assert [row.split("|")[1].strip() for row in table[1:]] == ROWS
     assert "achieved" in table[0] and "t->target" in table[0]
+    assert "frontier %" in equal[0] and "verdict" in equal[0]
+    assert [row.split("|")[1].strip() for row in equal[1:]] == [*BUDGETS, "baseline", *METHODS[1:]]
+    assert all(row.split("|")[-2].strip() == "frontier" for row in equal[1:4])
     base = table[1].split("|")
     assert base[4].strip() == "+0.0%" and base[8].strip() == "1.00"  # vs base, actual x
 
@@ -80,15 +90,21 @@ def test_bench_prints_a_row_per_method(tiny_run: tuple[int, str, Path]) -> None:
 def test_results_json_schema(tiny_run: tuple[int, str, Path]) -> None:
     _, _, out_dir = tiny_run
     payload = json.loads((out_dir / "results.json").read_text())
-    assert payload["schema"] == "leanbatch.bench/1"
+    assert payload["schema"] == "leanbatch.bench/2"
     assert payload["interrupted"] is False
-    assert set(payload) >= {"config", "versions", "data", "summary", "runs", "command", "tolerance_points"}
+    assert set(payload) >= {
+        "config", "versions", "data", "summary", "equal_time", "equal_time_cpu", "runs", "command",
+        "tolerance_points",
+    }  # fmt: skip
+    assert payload["equal_time"]["clock"] == "wall" and payload["equal_time_cpu"]["clock"] == "cpu"
+    assert payload["config"]["clock"] == "wall"
     assert payload["config"]["epochs"] == 3 and payload["config"]["seeds"] == [0, 1]
-    assert [m["label"] for m in payload["config"]["methods"]] == METHODS
+    assert payload["config"]["budgets"] == [0.5, 0.75, 1.0]
+    assert [m["label"] for m in payload["config"]["methods"]] == ROWS
     assert payload["versions"]["torch"] and payload["versions"]["leanbatch"]
     assert payload["data"]["num_train"] == 320 and payload["data"]["num_test"] == 120
     rows = {r["method"]: r for r in payload["summary"]}
-    assert list(rows) == METHODS
+    assert list(rows) == ROWS
     for r in rows.values():
         assert isinstance(r["acc_mean"], float) and 0.0 <= r["acc_mean"] <= 100.0
         assert isinstance(r["train_time_s_mean"], float) and r["train_time_s_mean"] > 0
@@ -108,7 +124,8 @@ def test_results_json_schema(tiny_run: tuple[int, str, Path]) -> None:
     assert rows["sb"]["loaded_fraction"] == 1.0
     assert rows["sb"]["backward_fraction"] < 1.0 < rows["sb"]["forward_fraction"]
     assert rows["infobatch+sb"]["backward_fraction"] < rows["infobatch"]["backward_fraction"]
-    assert len(payload["runs"]) == 10
+    assert rows["baseline[budget=0.5]"]["budget"] == 0.5 and rows["infobatch"]["budget"] == 1.0
+    assert len(payload["runs"]) == 14
     run = payload["runs"][0]
     assert set(run) >= {"method", "seed", "final_test_acc", "train_time_s", "epochs", "loss_histograms"}
     assert len(run["epochs"]) == 3
@@ -132,13 +149,102 @@ def test_results_json_schema(tiny_run: tuple[int, str, Path]) -> None:
     assert sum(ib["loss_histograms"][0]["counts"]) == 320
 
 
+def test_budget_runs_and_equal_time_in_results(tiny_run: tuple[int, str, Path]) -> None:
+    payload = json.loads((tiny_run[2] / "results.json").read_text())
+    lr = payload["config"]["lr"]
+    runs = payload["runs"]
+    full = {r["seed"]: r for r in runs if r["method"] == "baseline"}
+    for r in (r for r in runs if r["kind"] == "baseline"):
+        total = budget_steps(r["budget"], 3, 10)  # 320 samples / batch 32 = 10 steps per epoch
+        assert r["steps"] == total == sum(e["steps"] for e in r["epochs"])
+        assert len(r["epochs"]) == math.ceil(total / 10)
+        assert r["loaded_fraction"] == pytest.approx(total / 30)
+        assert r["epochs"][-1]["lr"] < 0.05 * lr  # the schedule ended at the run's own end
+        if r["budget"] < 1:  # ... so it decays faster than the full baseline's from the start
+            assert r["epochs"][0]["lr"] < full[r["seed"]]["epochs"][0]["lr"]
+    section = payload["equal_time"]
+    assert [p["budget"] for p in section["frontier"]] == [0.5, 0.75, 1.0]
+    assert [row["method"] for row in section["rows"]] == METHODS[1:]
+    for row in section["rows"]:
+        assert row["seeds"] == [0, 1]
+        for s in row["per_seed"]:
+            points = sorted(
+                (r["train_time_s"], r["final_test_acc"])
+                for r in runs
+                if r["kind"] == "baseline" and r["seed"] == s["seed"]
+            )
+            times = [p[0] for p in points]
+            inside = times[0] <= s["train_time_s"] <= times[-1]
+            assert s["range"] == (
+                "inside" if inside else "faster" if s["train_time_s"] < times[0] else "slower"
+            )
+            if inside:  # numpy as the independent oracle
+                f = float(np.interp(s["train_time_s"], times, [p[1] for p in points]))
+                assert s["frontier_acc"] == pytest.approx(f) and s["diff"] == pytest.approx(s["acc"] - f)
+            else:
+                assert s["frontier_acc"] is None and s["diff"] is None
+        outside = any(s["range"] != "inside" for s in row["per_seed"])
+        assert (row["verdict"] == "out of range") == outside
+        if row["verdict"] in ("above", "below"):
+            assert row["ci_low"] * row["ci_high"] > 0
+
+
 def test_plots_written(tiny_run: tuple[int, str, Path]) -> None:
     _, out, out_dir = tiny_run
-    for name in ("accuracy_vs_time.png", "kept_per_epoch.png", "loss_histograms.png"):
+    for name in ("accuracy_vs_time.png", "kept_per_epoch.png", "loss_histograms.png", "equal_time.png"):
         png = out_dir / name
         assert png.is_file() and png.stat().st_size > 5000, name
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert name in out
+
+
+def test_report_recomputes_from_the_runs(
+    tiny_run: tuple[int, str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    original = json.loads((tiny_run[2] / "results.json").read_text())
+    # an older results.json: schema 1, no budgets, no equal-time sections
+    old = {k: v for k, v in original.items() if k not in ("equal_time", "equal_time_cpu")}
+    old["schema"] = "leanbatch.bench/1"
+    old["summary"] = []
+    old["runs"] = [{k: v for k, v in r.items() if k not in ("budget", "steps")} for r in original["runs"]]
+    src = tmp_path / "old.json"
+    src.write_text(json.dumps(old))
+    code, out, err = _run(["report", str(src), "--out", str(tmp_path / "new"), "--clock", "cpu"], capsys)
+    assert code == 0, err
+    new = json.loads((tmp_path / "new" / "results.json").read_text())
+    assert new["schema"] == "leanbatch.bench/2" and new["versions"] == original["versions"]
+    assert new["summary"] == [
+        {**row, "budget": 1.0} for row in original["summary"]
+    ]  # budgets unknown to schema 1
+    assert new["runs"][0]["final_test_acc"] == original["runs"][0]["final_test_acc"]
+    heads = [line for line in out.splitlines() if line.startswith("| method")]
+    assert len(heads) == 2 and "cpu s" in heads[1] and "time s" in heads[0]
+    assert (tmp_path / "new" / "kept_per_epoch.png").is_file()
+    # from the current schema, the same figures come back
+    code, out, _ = _run(["report", str(tiny_run[2]), "--out", str(tmp_path / "again"), "--no-plots"], capsys)
+    again = json.loads((tmp_path / "again" / "results.json").read_text())
+    assert code == 0 and again["summary"] == original["summary"]
+    assert again["equal_time"] == original["equal_time"]
+    assert not (tmp_path / "again" / "equal_time.png").exists()
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (None, "no such file"),
+        ("{oops", "cannot read as JSON"),
+        ('{"a": 1}', "not a leanbatch bench results.json"),
+    ],
+)
+def test_report_bad_input_is_one_line(
+    content: str | None, needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "results.json"
+    if content is not None:
+        path.write_text(content)
+    code, out, err = _run(["report", str(path)], capsys)
+    assert code == 2 and not out
+    assert err.count("\n") == 1 and needle in err and "Traceback" not in err
 
 
 def test_same_seed_same_result(
@@ -210,6 +316,14 @@ def _cifar_like(root: Path) -> Path:
         (["--widths", "16.5,32"], "--widths must be comma-separated integers"),
         (["--widths", "8,0"], "--widths must be positive integers"),
         (["--device", "tpu"], "device"),
+        (["--budgets", "half"], "--budgets must be comma-separated fractions"),
+        (["--budgets", "0,1"], "--budgets must be fractions in (0, 4]"),
+        (["--budgets", "0.5,nan"], "--budgets must be fractions in (0, 4]"),
+        (["--budgets", "0.5,0.5"], "--budgets lists a budget twice"),
+        (["--methods", "infobatch[budget=0.5]"], "budget applies to baseline only"),
+        (["--methods", "baseline[budget=-1]"], "budget must be in (0, 4]"),
+        (["--preset", "cifar10", "--quick"], "--quick and --preset cifar10 conflict"),
+        (["--preset", "imagenet"], "argument --preset: invalid choice"),
     ],
 )
 def test_bad_input_is_one_line(
@@ -222,6 +336,13 @@ def test_bad_input_is_one_line(
     assert needle in lines[0], lines[0]
     assert "Traceback" not in err
     assert not (tmp_path / "o").exists()  # nothing trained, nothing written
+
+
+def test_cifar10_preset_needs_data(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = _run(["bench", "--preset", "cifar10", "--out", str(tmp_path / "o")], capsys)
+    assert code == 2 and not out
+    assert err.count("\n") == 1 and "--preset cifar10 needs --data PATH" in err
+    assert not (tmp_path / "o").exists()
 
 
 @pytest.mark.parametrize("layout", ["npz-missing", "txt-file", "empty-dir", "broken-cifar", "bad-npz"])

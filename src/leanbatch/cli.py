@@ -17,11 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-__all__ = ["main", "build_parser", "QUICK"]
-
-# ``--quick``: the README's main command; about 1.5 minutes on a 2-core CPU.
-QUICK: dict[str, Any] = {"data": "mnist-5k", "epochs": 8, "seeds": "0,1,2"}
-DEFAULTS: dict[str, Any] = {"data": "mnist-5k", "epochs": 8, "seeds": "0"}
+__all__ = ["main", "build_parser"]
 
 
 class CLIError(Exception):
@@ -64,11 +60,12 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``leanbatch`` command."""
     from leanbatch.bench.data import BUILTIN_DATASETS
     from leanbatch.bench.methods import METHODS
+    from leanbatch.bench.presets import DEFAULT_BUDGETS, PRESETS
 
     parser = _Parser(
         prog="leanbatch", description="leanbatch: cheaper PyTorch training at the same accuracy."
     )
-    sub = parser.add_subparsers(dest="command", metavar="{bench,micro}", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="{bench,report,micro}", parser_class=_Parser)
 
     b = sub.add_parser(
         "bench",
@@ -95,11 +92,21 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seeds", default=None, help="comma-separated seeds (default 0)")
     g.add_argument("--batch-size", type=_int, default=128, help="samples per batch")
     g.add_argument(
-        "--quick",
-        action="store_true",
-        help="preset for a first look: 5,000 bundled MNIST digits, 8 epochs, seeds 0,1,2, all methods "
-        "(1-2 minutes on 2 CPU cores); explicit options win",
+        "--budgets",
+        default=None,
+        help="the baseline also trained for these fractions of its steps, with its schedule ending at "
+        "its own end: the frontier every method is compared with at equal time; 'none' to skip "
+        f"(default {DEFAULT_BUDGETS})",
     )
+    g.add_argument(
+        "--preset",
+        choices=tuple(PRESETS),
+        default=None,
+        help="quick: a first look, 5,000 bundled MNIST digits, 8 epochs, seeds 0,1,2 (under 2 minutes on 2 "
+        "CPU cores); cifar10: CIFAR-10 from --data, small CNN, 15 epochs, seeds 0,1,2 (see the README "
+        "for its time); explicit options win",
+    )
+    g.add_argument("--quick", action="store_true", help="the same as --preset quick")
     g.add_argument(
         "--interleave",
         choices=("epoch", "run"),
@@ -112,7 +119,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     t = b.add_argument_group("training (the same for every method)")
     t.add_argument(
-        "--model", choices=("cnn", "resnet"), default=None, help="default: resnet for 32x32 RGB, else cnn"
+        "--model",
+        choices=("cnn", "resnet"),
+        default=None,
+        help="default: resnet for 32x32 RGB, else cnn (--preset cifar10: cnn)",
     )
     t.add_argument("--widths", default=None, help="channel widths of the model's stages, e.g. 16,32,64")
     t.add_argument("--lr", type=_float, default=0.1, help="peak learning rate (SGD, per-step cosine)")
@@ -164,10 +174,34 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument(
         "--tolerance", type=_float, default=0.2, help="accuracy points below baseline for t->target"
     )
+    o.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="time axis of the equal-time table and plot: training wall-clock, or the process's CPU time "
+        "(steadier on a shared machine with --threads 1); results.json holds both",
+    )
     o.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     o.add_argument(
         "--no-progress", action="store_true", help="no progress bars (they hide off a terminal anyway)"
     )
+
+    r = sub.add_parser(
+        "report",
+        help="recompute the tables and plots of a finished bench from its results.json",
+        description="Read a results.json (or the folder holding it), recompute the summary and the "
+        "equal-time comparison from its runs with this version, print both tables, and write the "
+        "updated results.json and plots to --out (default: the results' own folder).",
+        formatter_class=_Formatter,
+    )
+    r.add_argument("results", help="a results.json, or the folder that holds it")
+    r.add_argument(
+        "--out", default=None, help="folder for results.json and the plots (default: the results')"
+    )
+    r.add_argument(
+        "--clock", choices=("wall", "cpu"), default="wall", help="time axis of the equal-time table"
+    )
+    r.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
 
     m = sub.add_parser(
         "micro",
@@ -273,14 +307,16 @@ def run_bench(args: argparse.Namespace) -> int:
 
     from leanbatch.bench.data import load_data
     from leanbatch.bench.methods import parse_methods
-    from leanbatch.bench.plots import write_plots
-    from leanbatch.bench.report import build_results, format_table, write_results
+    from leanbatch.bench.presets import parse_budgets, resolve, with_budgets
+    from leanbatch.bench.report import build_results, write_results
     from leanbatch.bench.train import RunResult, TrainConfig, train_interleaved, train_run, warm_up
 
-    preset = QUICK if args.quick else DEFAULTS
-    data_spec = args.data if args.data is not None else preset["data"]
-    epochs = args.epochs if args.epochs is not None else preset["epochs"]
-    seeds = _parse_seeds(args.seeds if args.seeds is not None else preset["seeds"])
+    if args.quick and args.preset not in (None, "quick"):
+        raise CLIError(f"--quick and --preset {args.preset} conflict: give one of them")
+    given = {k: getattr(args, k) for k in ("data", "epochs", "seeds", "budgets", "model", "widths")}
+    opts = resolve("quick" if args.quick else args.preset, given)
+    data_spec, epochs = opts["data"], opts["epochs"]
+    seeds = _parse_seeds(opts["seeds"])
     if epochs < 1:
         raise CLIError(f"--epochs must be >= 1, got {epochs}")
     if args.batch_size < 1:
@@ -301,8 +337,8 @@ def run_bench(args: argparse.Namespace) -> int:
         "sb_interrupt": args.sb_interrupt,
         "stack_scores": args.stack_scores,
     }
-    methods = parse_methods(args.methods, defaults)
-    widths = _parse_widths(args.widths)
+    methods = with_budgets(parse_methods(args.methods, defaults), parse_budgets(opts["budgets"]))
+    widths = _parse_widths(opts["widths"])
     device = _resolve_device(args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -322,7 +358,7 @@ def run_bench(args: argparse.Namespace) -> int:
         weight_decay=args.weight_decay,
         warmup=args.warmup,
         device=device,
-        model=args.model,
+        model=opts["model"],
         widths=widths,
         channels_last=args.channels_last,
         augment=args.augment,
@@ -338,8 +374,11 @@ def run_bench(args: argparse.Namespace) -> int:
         "augment": cfg.resolved_augment(data),
         "seeds": seeds,
         "methods": [{"label": m.label, "kind": m.kind, **m.hyperparameters()} for m in methods],
-        "quick": bool(args.quick),
+        "budgets": sorted({m.budget for m in methods if m.kind == "baseline"}),
+        "preset": "quick" if args.quick else args.preset,
+        "quick": bool(args.quick or args.preset == "quick"),
         "interleave": args.interleave,
+        "clock": args.clock,
     }
     command = "leanbatch " + " ".join(shlex.quote(a) for a in (args.argv or []))
     bar = _progress_factory(not args.no_progress)
@@ -354,12 +393,14 @@ def run_bench(args: argparse.Namespace) -> int:
     interrupted = False
     t_start = time.perf_counter()
 
+    width = max(12, *(len(m.label) for m in methods))
+
     def finished(new_runs: list[RunResult]) -> None:
         for run in new_runs:
             runs.append(run)
             tot = run.totals()
             print(
-                f"  {run.label:<12} seed {run.seed}: {run.final_acc:6.2f}% in {run.train_time:7.1f} s "
+                f"  {run.label:<{width}} seed {run.seed}: {run.final_acc:6.2f}% in {run.train_time:7.1f} s "
                 f"(forwarded {tot['forward_fraction']:.2f}, backpropagated {tot['backward_fraction']:.2f})",
                 flush=True,
             )
@@ -383,18 +424,50 @@ def run_bench(args: argparse.Namespace) -> int:
         print("leanbatch: interrupted before any run finished; nothing written", file=sys.stderr)
         return 130
     payload = build_results(runs, config, data.describe(), args.tolerance, interrupted, command)
-    write_results(results_path, payload)
-    print()
-    print(format_table(payload["summary"], args.tolerance))
-    written = [results_path]
-    if not args.no_plots:
-        written += write_plots(payload, out)
+    written = _publish(payload, out, args.no_plots)
     print(f"\nwrote {', '.join(str(p) for p in written)} ({time.perf_counter() - t_start:.0f} s in all)")
     if interrupted:
         print(
             f"leanbatch: interrupted; kept the {len(runs)} finished run(s) in {results_path}", file=sys.stderr
         )
         return 130
+    return 0
+
+
+def _publish(payload: dict[str, Any], out: Path, no_plots: bool) -> list[Path]:
+    """Write results.json, print both tables (the equal-time one on ``config.clock``), draw the plots."""
+    from leanbatch.bench.plots import write_plots
+    from leanbatch.bench.report import format_equal_time, format_table, write_results
+
+    results_path = out / "results.json"
+    write_results(results_path, payload)
+    print()
+    print(format_table(payload["summary"], payload["tolerance_points"]))
+    print()
+    cpu = payload["config"].get("clock") == "cpu"
+    print(format_equal_time(payload["equal_time_cpu" if cpu else "equal_time"]))
+    return [results_path] + ([] if no_plots else write_plots(payload, out))
+
+
+def run_report(args: argparse.Namespace) -> int:
+    """``leanbatch report``: the tables and plots of a finished bench, recomputed from its runs."""
+    from leanbatch.bench.report import read_results, rebuild
+
+    source = Path(args.results)
+    try:
+        payload = rebuild(read_results(source))
+    except ValueError as e:
+        raise CLIError(str(e)) from None
+    except (KeyError, TypeError) as e:
+        raise CLIError(f"{source}: a results.json without the runs' details ({e})") from None
+    payload["config"]["clock"] = args.clock
+    out = Path(args.out) if args.out else (source if source.is_dir() else source.parent)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise CLIError(f"cannot create --out {out}: {e.strerror}") from None
+    written = _publish(payload, out, args.no_plots)
+    print(f"\nwrote {', '.join(str(p) for p in written)}")
     return 0
 
 
@@ -438,12 +511,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     from leanbatch.bench.data import DataError
     from leanbatch.bench.methods import MethodError
+    from leanbatch.bench.presets import PresetError
 
     try:
         if args.command == "bench":
             return run_bench(args)
+        if args.command == "report":
+            return run_report(args)
         return run_micro(args)
-    except (CLIError, DataError, MethodError) as e:
+    except (CLIError, DataError, MethodError, PresetError) as e:
         print(f"leanbatch: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -14,6 +14,10 @@ Hyperparameters (defaults are the published ones):
   Selective Backprop as in MosaicML Composer: between ``sb_start`` and ``sb_end`` of training, on all
   but every ``sb_interrupt``-th batch, rank the batch by a no-grad forward pass on a copy downsampled by
   ``sb_scale`` and backpropagate only the ``sb_keep`` fraction with the highest loss.
+- ``budget`` (1): ``baseline`` only: train for this fraction of the baseline's steps (``epochs x
+  batches per epoch``, rounded), with the learning-rate schedule ending at the run's own end; the
+  last epoch is cut short when the steps do not fill it. ``--budgets`` adds these rows; they draw
+  the frontier every other row is compared with at equal time (:mod:`~leanbatch.bench.frontier`).
 - ``stack_scores`` (``selection``): for ``infobatch+sb``, which losses InfoBatch stores on a selected
   batch: ``selection`` stores the selection pass's loss of every example of the batch; ``trained``
   stores only the full-resolution training losses of the selected examples (the others keep their
@@ -48,11 +52,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-__all__ = ["METHODS", "MethodSpec", "MethodError", "parse_methods"]
+__all__ = ["METHODS", "MAX_BUDGET", "MethodSpec", "MethodError", "parse_methods", "budget_label"]
 
 METHODS = ("baseline", "random", "infobatch", "sb", "infobatch+sb")
 _PRUNING = ("random", "infobatch", "infobatch+sb")
 _SELECTING = ("sb", "infobatch+sb")
+MAX_BUDGET = 4.0  # a budget above 1 trains longer than the baseline (a frontier reaching slower methods)
 
 
 class MethodError(ValueError):
@@ -100,6 +105,7 @@ class MethodSpec:
     proxy_keep: float = 0.5
     proxy_every: int = 1
     stack_scores: str = "selection"
+    budget: float = 1.0
 
     @property
     def prunes(self) -> bool:
@@ -119,6 +125,8 @@ class MethodSpec:
         """The hyperparameters this method actually uses."""
         d = asdict(self)
         keep: list[str] = []
+        if self.kind == "baseline":
+            keep.append("budget")
         if self.prunes:
             keep += ["prune_ratio", "delta"]
         if self.selects:
@@ -188,6 +196,10 @@ class MethodSpec:
             raise MethodError(f"{self.label}: sb_scale must be in (0, 1], got {self.sb_scale}")
         if self.sb_interrupt < 0:
             raise MethodError(f"{self.label}: sb_interrupt must be >= 0, got {self.sb_interrupt}")
+        if not 0.0 < self.budget <= MAX_BUDGET:
+            raise MethodError(f"{self.label}: budget must be in (0, {MAX_BUDGET:g}], got {self.budget}")
+        if self.budget != 1.0 and self.kind != "baseline":
+            raise MethodError(f"{self.label}: budget applies to baseline only (the frontier's runs)")
         if self.stack_scores not in ("selection", "trained"):
             raise MethodError(
                 f"{self.label}: stack_scores must be 'selection' or 'trained', got {self.stack_scores!r}"
@@ -316,6 +328,16 @@ def parse_methods(text: str, defaults: dict[str, Any] | None = None) -> list[Met
     if dup:
         raise MethodError(f"method(s) listed twice: {', '.join(dup)}")
     return specs
+
+
+def budget_label(budget: float) -> str:
+    """The row label of the baseline trained for ``budget`` of its steps (the plain baseline at 1).
+
+    Example:
+        >>> budget_label(0.5), budget_label(1.0)
+        ('baseline[budget=0.5]', 'baseline')
+    """
+    return "baseline" if budget == 1.0 else f"baseline[budget={budget:g}]"
 
 
 def _convert(key: str, value: str, item: str) -> Any:

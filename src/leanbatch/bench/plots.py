@@ -1,10 +1,15 @@
 """PNG plots of a comparison, drawn from the results.json payload (matplotlib, no display needed).
 
 - ``accuracy_vs_time.png``: test accuracy against training wall-clock, one line per method
-  (mean over seeds at each epoch), with the baseline's final accuracy and the tolerance band.
-- ``kept_per_epoch.png``: fraction of the training set forwarded and backpropagated per epoch.
+  (mean over seeds at each epoch; the baseline's shorter budgets thin and dashed), with the
+  baseline's final accuracy and the tolerance band.
+- ``kept_per_epoch.png``: fraction of the training set forwarded and backpropagated per epoch
+  (budget baselines, which keep everything, left out).
 - ``loss_histograms.png``: the per-sample score distribution InfoBatch planned from at a few
   epochs, with the pruning threshold (the mean score) marked.
+- ``equal_time.png``: final accuracy against training wall-clock: the baseline trained at each
+  budget as the frontier line (mean over seeds, error bars = std), every other method as a point
+  with error bars over seeds, labelled with its paired difference to the frontier and verdict.
 """
 
 from __future__ import annotations
@@ -43,7 +48,10 @@ def write_plots(payload: dict[str, Any], out_dir: Path) -> list[Path]:
     # accuracy vs wall-clock
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for label, runs in groups.items():
-        ax.plot(_mean_curve(runs, "train_time"), _mean_curve(runs, "test_acc"), marker="o", ms=3, label=label)
+        style = {"ls": "--", "lw": 0.9, "ms": 2} if _is_budget(runs) else {"ms": 3}
+        ax.plot(
+            _mean_curve(runs, "train_time"), _mean_curve(runs, "test_acc"), marker="o", label=label, **style
+        )
     base = next((row for row in payload["summary"] if row["method"] == "baseline"), None)
     if base is not None:
         ax.axhline(base["acc_mean"], color="grey", lw=0.8, ls="--")
@@ -64,6 +72,8 @@ def write_plots(payload: dict[str, Any], out_dir: Path) -> list[Path]:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     num = _num_train(payload)
     for label, runs in groups.items():
+        if _is_budget(runs):
+            continue
         fwd = [x / num for x in _mean_curve(runs, "loaded")]
         bwd = [x / num for x in _mean_curve(runs, "backpropagated")]
         epochs = list(range(len(fwd)))
@@ -96,7 +106,74 @@ def write_plots(payload: dict[str, Any], out_dir: Path) -> list[Path]:
         axes[0][0].set_ylabel("samples")
         fig.suptitle(f"{hist_run['method']} (seed {hist_run['seed']}): scores the epoch was planned from")
         written.append(_save(fig, out_dir / "loss_histograms.png"))
+
+    cpu = payload["config"].get("clock") == "cpu"
+    section = payload.get("equal_time_cpu" if cpu else "equal_time")
+    if section and len(section["frontier"]) >= 2:
+        written.append(_equal_time_plot(plt, section, title, out_dir / "equal_time.png"))
     return written
+
+
+def _equal_time_plot(plt: Any, section: dict[str, Any], title: str, path: Path) -> Path:
+    """The frontier as a line through the budget runs, each method as a point with error bars."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    pts = section["frontier"]
+    ax.errorbar(
+        [p["train_time_s_mean"] for p in pts],
+        [p["acc_mean"] for p in pts],
+        xerr=[p["train_time_s_std"] for p in pts],
+        yerr=[p["acc_std"] for p in pts],
+        color="black",
+        marker="s",
+        ms=4,
+        capsize=3,
+        lw=1.4,
+        label="baseline trained shorter (frontier)",
+    )
+    for p in pts:
+        ax.annotate(
+            f"{p['budget']:g}",
+            (p["train_time_s_mean"], p["acc_mean"]),
+            textcoords="offset points",
+            xytext=(4, -11),
+            fontsize=7,
+        )
+    for row in section["rows"]:
+        times = [s["train_time_s"] for s in row["per_seed"]]
+        accs = [s["acc"] for s in row["per_seed"]]
+        diff = "" if row["diff_mean"] is None else f"{row['diff_mean']:+.2f} pts, "
+        ax.errorbar(
+            [sum(times) / len(times)],
+            [sum(accs) / len(accs)],
+            xerr=[_spread(times)],
+            yerr=[_spread(accs)],
+            marker="o",
+            ms=6,
+            capsize=3,
+            ls="none",
+            label=f"{row['method']}: {diff}{row['verdict']}",
+        )
+    clock = "training CPU time" if section.get("clock") == "cpu" else "training wall-clock"
+    _label(
+        ax,
+        f"{clock} (s, evaluation excluded)",
+        "final test accuracy (%)",
+        f"Accuracy at equal time: {title}",
+    )
+    return _save(fig, path)
+
+
+def _spread(xs: list[float]) -> float:
+    """Sample standard deviation (0 for a single value)."""
+    if len(xs) < 2:
+        return 0.0
+    m = sum(xs) / len(xs)
+    return (sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5
+
+
+def _is_budget(runs: list[dict[str, Any]]) -> bool:
+    """A baseline trained for a budget other than its full length (a frontier point)."""
+    return runs[0]["kind"] == "baseline" and runs[0].get("budget", 1.0) != 1.0
 
 
 def _num_train(payload: dict[str, Any]) -> int:

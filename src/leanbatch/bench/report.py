@@ -16,6 +16,19 @@ machine, same seeds):
   work it is steadier than wall-clock, which is what the other columns use.
 - ``t->target``: mean training time until the test accuracy first reached the baseline's mean final
   accuracy minus the tolerance (``-`` when some seed never did).
+
+The second table compares every method with the baseline trained shorter, at equal time
+(:mod:`~leanbatch.bench.frontier` has the rule): ``frontier %`` is the accuracy the budget runs
+reach at the method's own training time (per seed, interpolated, never extrapolated), ``vs
+frontier`` the paired difference (mean ± std over seeds, in points), ``95% CI`` its confidence
+interval, and ``verdict`` above / on (within noise) / below / out of range.
+
+results.json (schema ``leanbatch.bench/2``; ``docs/results-json.md`` describes every key):
+``schema``, ``command``, ``interrupted``, ``config`` (every option, ``budgets`` included),
+``versions``, ``data``, ``tolerance_points``, ``summary`` (the first table's rows, with ``budget``),
+``equal_time`` (``clock``, ``rule``, ``confidence``, ``budgets``, ``frontier``: one point per
+budget, and ``rows``: one comparison per method, with ``per_seed`` details), ``equal_time_cpu``
+(the same in CPU time) and ``runs`` (every run, per epoch).
 """
 
 from __future__ import annotations
@@ -24,15 +37,26 @@ import json
 import math
 import platform
 import statistics
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
-from leanbatch.bench.train import RunResult
+from leanbatch.bench.frontier import equal_time
+from leanbatch.bench.train import EpochRecord, RunResult
 
-__all__ = ["SCHEMA", "summarize", "format_table", "build_results", "write_results", "versions"]
+__all__ = [
+    "SCHEMA",
+    "summarize",
+    "format_table",
+    "format_equal_time",
+    "build_results",
+    "write_results",
+    "read_results",
+    "rebuild",
+    "versions",
+]
 
-SCHEMA = "leanbatch.bench/1"
+SCHEMA = "leanbatch.bench/2"
 
 
 def _mean(xs: Sequence[float]) -> float:
@@ -84,6 +108,7 @@ def summarize(
             {
                 "method": lab,
                 "kind": rs[0].kind,
+                "budget": rs[0].budget,
                 "seeds": [r.seed for r in rs],
                 "acc_mean": _mean(accs),
                 "acc_std": _std(accs),
@@ -146,22 +171,97 @@ def format_table(rows: Sequence[dict[str, Any]], tolerance: float = 0.2) -> str:
                 reach_s,
             ]
         )
-    widths = [max(len(line[i]) for line in lines) for i in range(len(head))]
-    out = []
-    for n, line in enumerate(lines):
-        cells = [
-            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths, strict=True))
-        ]
-        out.append("| " + " | ".join(cells) + " |")
-        if n == 0:
-            out.append(
-                "|"
-                + "|".join(("-" * (w + 1) + ":") if i else ("-" * (w + 2)) for i, w in enumerate(widths))
-                + "|"
-            )
+    out = _markdown(lines)
     seeds = rows[0]["seeds"] if rows else []
     out.append(
         f"\nmean over seeds {seeds}; t->target: training time to reach baseline accuracy - {tolerance:g} points"
+    )
+    return "\n".join(out)
+
+
+def _markdown(lines: list[list[str]], left: Collection[int] = (0,)) -> list[str]:
+    """Rows of cells as an aligned Markdown table: the ``left`` columns flush left, the others right."""
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
+    out = []
+    for n, line in enumerate(lines):
+        cells = [
+            c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths, strict=True))
+        ]
+        out.append("| " + " | ".join(cells) + " |")
+        if n == 0:
+            rule = [("-" * (w + 2)) if i in left else ("-" * (w + 1) + ":") for i, w in enumerate(widths)]
+            out.append("|" + "|".join(rule) + "|")
+    return out
+
+
+def _verdict_text(row: dict[str, Any]) -> str:
+    verdict = str(row["verdict"])
+    n = len(row["seeds"])
+    if verdict == "out of range":
+        parts = []
+        if row["faster"]:
+            parts.append(f"faster than the shortest budget in {row['faster']}/{n} seeds")
+        if row["slower"]:
+            parts.append(f"slower than the longest budget in {row['slower']}/{n} seeds")
+        return f"out of range ({', '.join(parts)})"
+    if verdict == "on":
+        return "on (within noise)"
+    if verdict == "undecided":
+        return "undecided (1 seed: no spread)"
+    return verdict
+
+
+def format_equal_time(section: dict[str, Any]) -> str:
+    """The equal-time table: the frontier's points, then every method against the frontier.
+
+    Example:
+        >>> section = {"frontier": [], "rows": [], "budgets": []}
+        >>> format_equal_time(section)
+        'equal time: no baseline budget runs, no frontier (add --budgets)'
+    """
+    if len(section["frontier"]) < 2:
+        return "equal time: no baseline budget runs, no frontier (add --budgets)"
+    time_head = "time s" if section.get("clock", "wall") == "wall" else "cpu s"
+    head = ["method", "budget", "acc %", time_head, "frontier %", "vs frontier", "95% CI", "verdict"]
+    lines = [head]
+    for p in section["frontier"]:
+        lines.append(
+            [
+                p["method"],
+                f"{p['budget']:g}",
+                f"{p['acc_mean']:.2f} ± {p['acc_std']:.2f}",
+                _fmt(p["train_time_s_mean"], ".1f"),
+                "",
+                "",
+                "",
+                "frontier",
+            ]
+        )
+    for r in section["rows"]:
+        diff = "-"
+        if r["diff_mean"] is not None:
+            diff = f"{r['diff_mean']:+.2f}" + ("" if r["diff_std"] is None else f" ± {r['diff_std']:.2f}")
+        ci = "-" if r["ci_low"] is None else f"[{r['ci_low']:+.2f}, {r['ci_high']:+.2f}]"
+        acc = [s["acc"] for s in r["per_seed"]]
+        acc_std = statistics.stdev(acc) if len(acc) > 1 else 0.0
+        lines.append(
+            [
+                r["method"],
+                "",
+                f"{r['acc_mean']:.2f} ± {acc_std:.2f}",
+                _fmt(r["train_time_s_mean"], ".1f"),
+                _fmt(r["frontier_acc_mean"], ".2f"),
+                diff,
+                ci,
+                _verdict_text(r),
+            ]
+        )
+    out = _markdown(lines, left=(0, len(head) - 1))
+    out.append(
+        f"\nequal time ({section.get('clock', 'wall')} clock): each method against the baseline trained for "
+        "a fraction (budget) of its steps, at the method's own training time, paired by seed; vs frontier = mean ± std of the per-seed "
+        "differences (points), never extrapolated; above/below only when the 95% CI excludes 0 and "
+        "|mean| > std, else on (within noise)"
     )
     return "\n".join(out)
 
@@ -204,6 +304,8 @@ def build_results(
         "data": data,
         "tolerance_points": tolerance,
         "summary": summarize(runs, tolerance, [m["label"] for m in config.get("methods", [])]),
+        "equal_time": equal_time(runs, [m["label"] for m in config.get("methods", [])], "wall"),
+        "equal_time_cpu": equal_time(runs, [m["label"] for m in config.get("methods", [])], "cpu"),
         "runs": [r.as_dict() for r in runs],  # in the order they ran
     }
 
@@ -224,3 +326,65 @@ def _clean(o: Any) -> Any:
     if isinstance(o, (list, tuple)):
         return [_clean(v) for v in o]
     return o
+
+
+def read_results(path: Path) -> dict[str, Any]:
+    """The payload of a results.json, given the file or the folder that holds it.
+
+    Raises ``ValueError`` with a one-line reason when it is missing or not a bench results file.
+    """
+    file = path / "results.json" if path.is_dir() else path
+    try:
+        payload = json.loads(file.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{file}: no such file (give a results.json or the folder that holds it)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{file}: cannot read as JSON ({e})") from None
+    if not isinstance(payload, dict) or not str(payload.get("schema", "")).startswith("leanbatch.bench/"):
+        raise ValueError(f"{file}: not a leanbatch bench results.json (no leanbatch.bench schema)")
+    return payload
+
+
+def rebuild(payload: dict[str, Any]) -> dict[str, Any]:
+    """``payload`` with ``summary`` and the equal-time sections recomputed from its runs.
+
+    Everything measured (runs, configuration, data, versions, command) is kept as it was; an
+    older schema is brought up to the current one (runs without a budget ran the full length).
+
+    Example:
+        >>> runs = [RunResult("baseline", "baseline", 0, 10, [EpochRecord(0, 1.0, 1.0, 90.0, 0.3, 0.3, 1, 10, 10, 0, 10, 0.0)])]
+        >>> old = build_results(runs, {"epochs": 1, "methods": []}, {"num_train": 10}, 0.2)
+        >>> new = rebuild({**old, "schema": "leanbatch.bench/1", "summary": []})
+        >>> new["schema"], new["summary"][0]["acc_mean"], new["versions"] == old["versions"]
+        ('leanbatch.bench/2', 90.0, True)
+    """
+    config = payload["config"]
+    scales = {m["label"]: m.get("sb_scale", 1.0) for m in config.get("methods", [])}
+    fields = set(EpochRecord.__dataclass_fields__)
+    runs = [
+        RunResult(
+            label=r["method"],
+            kind=r["kind"],
+            seed=r["seed"],
+            num_train=int(payload["data"]["num_train"]),
+            epochs=[EpochRecord(**{k: v for k, v in e.items() if k in fields}) for e in r["epochs"]],
+            histograms=r.get("loss_histograms", []),
+            eval_time=r.get("eval_time_s", 0.0),
+            sb_scale=scales.get(r["method"], 1.0),
+            load_avg=r.get("load_avg_start_end", []),
+            budget=r.get("budget", 1.0),
+            full_epochs=config.get("epochs"),
+        )
+        for r in payload["runs"]
+    ]
+    config = {**config, "budgets": sorted({r.budget for r in runs if r.kind == "baseline"})}
+    new = build_results(
+        runs,
+        config,
+        payload["data"],
+        payload.get("tolerance_points", 0.2),
+        payload.get("interrupted", False),
+        payload.get("command"),
+    )
+    new["versions"] = payload.get("versions", new["versions"])
+    return new

@@ -12,7 +12,10 @@ Read top to bottom, it is a plain PyTorch loop with three method hooks:
 Fairness rules every method obeys: the same model initialisation per seed, the same optimiser,
 and a learning rate set on every step from the fraction of training done,
 ``progress = (epoch + i / batches_this_epoch) / epochs``, so every schedule ends exactly at the
-end of training however many steps an epoch has. The clock runs only around training (planning
+end of training however many steps an epoch has. A baseline with a ``budget`` (a fraction of the
+baseline's steps, for the equal-time frontier) counts its progress in steps instead,
+``progress = steps_done / budget_steps``, and cuts its last epoch short where the steps run out, so
+its schedule, too, ends exactly at its own end. The clock runs only around training (planning
 an epoch included); evaluation on the test split after every epoch is not timed.
 
 :func:`train_interleaved` runs the methods of one seed side by side, an epoch of each in turn,
@@ -45,6 +48,7 @@ __all__ = [
     "train_interleaved",
     "evaluate",
     "warm_up",
+    "budget_steps",
 ]
 
 
@@ -117,6 +121,8 @@ class RunResult:
     eval_time: float = 0.0
     sb_scale: float = 1.0
     load_avg: list[float] = field(default_factory=list)  # 1-minute load average at start and end
+    budget: float = 1.0  # fraction of the baseline's steps this run trained for
+    full_epochs: int | None = None  # the comparison's epochs (the baseline's work); None: len(epochs)
 
     @property
     def final_acc(self) -> float:
@@ -132,7 +138,7 @@ class RunResult:
 
     def totals(self) -> dict[str, float]:
         """Fractions of the baseline's work (epochs x training samples)."""
-        full = float(len(self.epochs) * self.num_train)
+        full = float((self.full_epochs or len(self.epochs)) * self.num_train)
         fwd = sum(e.forwarded for e in self.epochs)
         sel = sum(e.select_forwarded for e in self.epochs)
         bwd = sum(e.backpropagated for e in self.epochs)
@@ -151,6 +157,8 @@ class RunResult:
             "method": self.label,
             "kind": self.kind,
             "seed": self.seed,
+            "budget": self.budget,
+            "steps": sum(e.steps for e in self.epochs),
             "final_test_acc": self.final_acc,
             "train_time_s": self.train_time,
             "eval_time_s": self.eval_time,
@@ -163,6 +171,18 @@ class RunResult:
 
 
 # ---------------------------------------------------------------------------- helpers
+def budget_steps(budget: float, epochs: int, steps_per_epoch: int) -> int:
+    """Steps of a run trained for ``budget`` of the baseline's ``epochs * steps_per_epoch``.
+
+    Rounded to the nearest step (halves up), at least one.
+
+    Example:
+        >>> budget_steps(0.7, 8, 32), budget_steps(0.75, 3, 10), budget_steps(0.001, 2, 3)
+        (179, 23, 1)
+    """
+    return max(1, math.floor(budget * epochs * steps_per_epoch + 0.5))
+
+
 def _lr_factor(progress: float, warmup: float) -> float:
     """Linear warm-up over the first ``warmup`` of training, then cosine to zero at progress 1."""
     progress = min(max(progress, 0.0), 1.0)
@@ -404,6 +424,15 @@ class Trainer:
                 policy=spec.make_policy(cfg.epochs, seed),
             )
         self.select = _Selection(spec, seed, data, cfg) if spec.selects else None
+        # A budget run stops after its own number of steps; the others train every epoch in full.
+        self.budget = spec.budget
+        steps_per_epoch = math.ceil(data.num_train / cfg.batch_size)
+        self.total_steps: int | None = None
+        self.num_epochs = cfg.epochs
+        if spec.budget != 1.0:
+            self.total_steps = budget_steps(spec.budget, cfg.epochs, steps_per_epoch)
+            self.num_epochs = math.ceil(self.total_steps / steps_per_epoch)
+        self.steps_done = 0
         self.records: list[EpochRecord] = []
         self.histograms: list[dict[str, Any]] = []
         self._snapshot_epochs = _snapshot_epochs(spec, cfg.epochs, cfg.histogram_epochs)
@@ -415,7 +444,16 @@ class Trainer:
 
     @property
     def done(self) -> bool:
-        return len(self.records) == self.cfg.epochs
+        return len(self.records) == self.num_epochs
+
+    @property
+    def next_midpoint(self) -> float:
+        """The middle of the next epoch, as a fraction of this run's length (for interleaving)."""
+        if self.total_steps is None:
+            return (len(self.records) + 0.5) / self.num_epochs
+        steps_per_epoch = math.ceil(self.data.num_train / self.cfg.batch_size)
+        next_steps = min(steps_per_epoch, self.total_steps - self.steps_done)
+        return (self.steps_done + next_steps / 2) / self.total_steps
 
     def run_epoch(self, on_step: Callable[[float], Any] | None = None) -> EpochRecord:
         """Train the next epoch (timed), then evaluate on the test split (not timed)."""
@@ -431,13 +469,20 @@ class Trainer:
         else:
             order = torch.randperm(self.data.num_train, generator=self.shuffle_gen)
         nb = math.ceil(order.numel() / bs)
+        if self.total_steps is not None:  # a budget run: its last epoch may stop early
+            nb = min(nb, self.total_steps - self.steps_done)
+            order = order[: nb * bs]
         loss_sum = torch.zeros((), device=device)
         fwd = sel_fwd = bwd = 0
         lr = cfg.lr
         for i in range(nb):
             # The LR follows the fraction of training done, so it reaches zero exactly at the
             # end of training however many batches pruning left in each epoch.
-            progress = (epoch + i / nb) / epochs
+            progress = (
+                (epoch + i / nb) / epochs
+                if self.total_steps is None
+                else (self.steps_done + i) / self.total_steps
+            )
             lr = cfg.lr * _lr_factor(progress, cfg.warmup)
             for g in opt.param_groups:
                 g["lr"] = lr
@@ -478,6 +523,7 @@ class Trainer:
             bwd += x.shape[0]
             if on_step is not None:
                 on_step(1.0 / nb)
+        self.steps_done += nb
         if self.cuda:
             torch.cuda.synchronize(device)
         self.train_time += time.perf_counter() - t0
@@ -525,6 +571,8 @@ class Trainer:
             eval_time=self.eval_time,
             sb_scale=self.spec.sb_scale if self.spec.selects else 1.0,
             load_avg=list(self.load_avg),
+            budget=self.budget,
+            full_epochs=self.cfg.epochs,
         )
 
 
@@ -558,20 +606,29 @@ def train_interleaved(
 
     On a machine that also runs other work, a slow spell then slows every method alike instead
     of the one that happened to be running. Results are those of separate runs.
+
+    Runs of different lengths (budget baselines) are spread over the same span: the next epoch
+    always goes to the run whose next epoch is the least far along its own training (by the
+    middle of that epoch, as a fraction of the run's length), so a run half as long trains about
+    every other round, from the start of the seed to its end, instead of all of its epochs
+    first; with equal lengths this is plain round-robin in the given order.
     """
     trainers = [Trainer(data, spec, seed, cfg) for spec in specs]
     bars = [
-        progress_bar(total=cfg.epochs, desc=f"{t.spec.label} seed {seed}", position=k)
+        progress_bar(total=t.num_epochs, desc=f"{t.spec.label} seed {seed}", position=k)
         if progress_bar
         else None
         for k, t in enumerate(trainers)
     ]
     try:
-        for _ in range(cfg.epochs):
-            for t, bar in zip(trainers, bars, strict=True):
-                rec = t.run_epoch(_bar_step(bar))
-                if bar is not None:
-                    bar.set_postfix_str(f"acc {rec.test_acc:.2f}%")
+        while not all(t.done for t in trainers):
+            k = min(
+                (k for k, t in enumerate(trainers) if not t.done), key=lambda k: trainers[k].next_midpoint
+            )
+            bar = bars[k]
+            rec = trainers[k].run_epoch(_bar_step(bar))
+            if bar is not None:
+                bar.set_postfix_str(f"acc {rec.test_acc:.2f}%")
     finally:
         for bar in bars:
             if bar is not None:

@@ -1,0 +1,306 @@
+"""The honest yardstick: each method against the baseline trained shorter, at equal time.
+
+A method that saves 30% of the time is only worth using if it beats the simplest thing a user
+can do with that 30%: train the baseline for 30% fewer steps, with its learning-rate schedule
+ending at its own end. The benchmark trains the baseline at several *budgets* (fractions of its
+steps, e.g. 0.5, 0.7, 0.85 and 1); at each seed those runs draw the baseline's accuracy-vs-time
+*frontier*. Every other row is compared with it:
+
+1. For each seed ``s``, the frontier is the piecewise-linear curve through the points
+   ``(training time, final accuracy)`` of that seed's budget runs, in order of time.
+2. The method's run at seed ``s`` took ``t_s`` seconds and reached ``a_s``; the frontier's
+   accuracy at ``t_s`` is ``f_s``, and the paired difference is ``d_s = a_s - f_s``. Pairing by
+   seed compares runs that started from the same initial weights and ran interleaved, epoch by
+   epoch, through the same spells of machine load.
+3. Never extrapolated: a run faster than the seed's shortest budget or slower than its longest
+   has no ``f_s``, and the row's verdict is ``out of range``.
+4. The row reports the mean and sample standard deviation of ``d_s`` over seeds and the 95%
+   confidence interval of the mean (Student's t with n - 1 degrees of freedom).
+5. Verdict: ``above`` when the interval lies above zero *and* the mean difference is larger
+   than the differences' standard deviation (larger than the seed-to-seed spread); ``below`` in
+   the mirror case; otherwise ``on`` (a tie, within noise). With one seed there is no spread
+   and the verdict is ``undecided``. For up to six seeds the interval is the stricter of the
+   two conditions; the spread condition keeps a difference that single seeds would not
+   reliably show a tie when many seeds make the interval narrow.
+
+The functions take plain numbers, so the rule can be checked on known curves:
+
+    >>> frontier = {0: [(10.0, 90.0), (20.0, 94.0)], 1: [(10.0, 91.0), (20.0, 95.0)]}
+    >>> row = compare(frontier, {0: (15.0, 93.0), 1: (15.0, 94.0)})
+    >>> row.frontier_acc_mean, row.diff_mean, row.verdict
+    (92.5, 1.0, 'above')
+    >>> compare(frontier, {0: (25.0, 99.0), 1: (15.0, 94.0)}).verdict
+    'out of range'
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from leanbatch.bench.train import RunResult
+
+__all__ = [
+    "CONFIDENCE",
+    "RULE",
+    "SeedComparison",
+    "Comparison",
+    "interpolate",
+    "t_quantile",
+    "compare",
+    "is_frontier",
+    "equal_time",
+    "CLOCKS",
+]
+
+CONFIDENCE = 0.95
+RULE = (
+    "diff = method accuracy - the same seed's baseline frontier (budget runs, piecewise linear in "
+    "training time) at the method's own time, never extrapolated; above/below when the 95% t interval "
+    "of the mean diff excludes 0 and |mean diff| > std of the diffs; otherwise on (within noise)"
+)
+
+# Student's t, 97.5% quantile (two-sided 95%), for 1..30 degrees of freedom.
+_T975 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+
+
+def t_quantile(df: int) -> float:
+    """The 97.5% quantile of Student's t with ``df`` degrees of freedom (a two-sided 95% interval).
+
+    Tabulated up to 30 degrees of freedom, then the Cornish-Fisher expansion around the normal
+    quantile (error below 1e-4).
+
+    Example:
+        >>> t_quantile(2), round(t_quantile(1000), 3)
+        (4.303, 1.962)
+    """
+    if df < 1:
+        raise ValueError(f"degrees of freedom must be >= 1, got {df}")
+    if df <= len(_T975):
+        return _T975[df - 1]
+    z = 1.959964
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+
+
+def interpolate(points: Sequence[tuple[float, float]], t: float) -> float | None:
+    """The accuracy of the piecewise-linear curve through ``(time, accuracy)`` points at time ``t``.
+
+    Points are taken in order of time (runs at equal times are averaged); ``None`` when ``t`` is
+    outside the measured times or there are fewer than two distinct times: never extrapolated.
+
+    Example:
+        >>> interpolate([(20.0, 94.0), (10.0, 90.0)], 12.5)
+        91.0
+        >>> interpolate([(10.0, 90.0), (20.0, 94.0)], 21.0) is None
+        True
+    """
+    merged: dict[float, list[float]] = {}
+    for time, acc in points:
+        merged.setdefault(float(time), []).append(float(acc))
+    xs = sorted(merged)
+    if len(xs) < 2 or not xs[0] <= t <= xs[-1]:
+        return None
+    ys = [statistics.fmean(merged[x]) for x in xs]
+    k = 1
+    while xs[k] < t:  # the first segment that reaches t (t <= xs[-1], so k stays in range)
+        k += 1
+    x0, x1, y0, y1 = xs[k - 1], xs[k], ys[k - 1], ys[k]
+    return y0 + (y1 - y0) * (t - x0) / (x1 - x0)
+
+
+@dataclass
+class SeedComparison:
+    """One seed of a row: the method's run against the same seed's frontier.
+
+    ``range`` is ``inside``, ``faster`` (quicker than the seed's shortest budget run) or
+    ``slower`` (slower than its longest); outside, ``frontier_acc`` and ``diff`` are None.
+    """
+
+    seed: int
+    train_time_s: float
+    acc: float
+    frontier_acc: float | None
+    diff: float | None
+    range: str
+
+
+@dataclass
+class Comparison:
+    """A method row at equal time: paired differences to the frontier and the verdict.
+
+    ``verdict`` is ``above``, ``on``, ``below``, ``out of range`` (some seed outside the
+    frontier's times), ``undecided`` (one seed: no spread) or ``no frontier`` (fewer than two
+    budget runs at some seed). The aggregate fields are None unless every seed is inside.
+    """
+
+    seeds: list[int]
+    acc_mean: float
+    train_time_s_mean: float
+    frontier_acc_mean: float | None
+    diff_mean: float | None
+    diff_std: float | None
+    ci_low: float | None
+    ci_high: float | None
+    verdict: str
+    faster: int = 0  # seeds quicker than the shortest budget run
+    slower: int = 0  # seeds slower than the longest budget run
+    per_seed: list[SeedComparison] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain values for results.json."""
+        return asdict(self)
+
+
+def _range(points: Sequence[tuple[float, float]], t: float) -> str:
+    times = [p[0] for p in points]
+    if t < min(times):
+        return "faster"
+    if t > max(times):
+        return "slower"
+    return "inside"
+
+
+def compare(
+    frontier: Mapping[int, Sequence[tuple[float, float]]],
+    runs: Mapping[int, tuple[float, float]],
+) -> Comparison:
+    """Compare a method's runs ``{seed: (time, acc)}`` with the frontier ``{seed: [(time, acc), ...]}``.
+
+    Only seeds present in both are paired. See the module docstring for the rule.
+
+    Example:
+        >>> f = {0: [(10.0, 90.0), (20.0, 94.0)], 1: [(10.0, 90.5), (20.0, 94.5)]}
+        >>> c = compare(f, {0: (20.0, 94.2), 1: (10.0, 90.3)})
+        >>> [round(s.diff, 2) for s in c.per_seed], c.verdict
+        ([0.2, -0.2], 'on')
+    """
+    seeds = sorted(s for s in runs if s in frontier)
+    per_seed: list[SeedComparison] = []
+    no_frontier = False
+    for s in seeds:
+        t, acc = runs[s]
+        points = frontier[s]
+        if len({p[0] for p in points}) < 2:
+            no_frontier = True
+            per_seed.append(SeedComparison(s, t, acc, None, None, "none"))
+            continue
+        f = interpolate(points, t)
+        per_seed.append(SeedComparison(s, t, acc, f, None if f is None else acc - f, _range(points, t)))
+    result = Comparison(
+        seeds=seeds,
+        acc_mean=_mean([runs[s][1] for s in seeds]),
+        train_time_s_mean=_mean([runs[s][0] for s in seeds]),
+        frontier_acc_mean=None,
+        diff_mean=None,
+        diff_std=None,
+        ci_low=None,
+        ci_high=None,
+        verdict="no frontier",
+        faster=sum(p.range == "faster" for p in per_seed),
+        slower=sum(p.range == "slower" for p in per_seed),
+        per_seed=per_seed,
+    )
+    if no_frontier or not seeds:
+        return result
+    if result.faster or result.slower:
+        result.verdict = "out of range"
+        return result
+    diffs = [p.diff for p in per_seed if p.diff is not None]
+    result.frontier_acc_mean = _mean([p.frontier_acc for p in per_seed if p.frontier_acc is not None])
+    result.diff_mean = _mean(diffs)
+    if len(diffs) < 2:
+        result.verdict = "undecided"
+        return result
+    std = statistics.stdev(diffs)
+    half = t_quantile(len(diffs) - 1) * std / math.sqrt(len(diffs))
+    result.diff_std = std
+    result.ci_low, result.ci_high = result.diff_mean - half, result.diff_mean + half
+    result.verdict = _verdict(result.diff_mean, std, result.ci_low, result.ci_high)
+    return result
+
+
+def _verdict(mean: float, std: float, low: float, high: float) -> str:
+    if low > 0 and mean > std:
+        return "above"
+    if high < 0 and -mean > std:
+        return "below"
+    return "on"
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return float(statistics.fmean(xs)) if xs else float("nan")
+
+
+def _std(xs: Sequence[float]) -> float:
+    return float(statistics.stdev(xs)) if len(xs) > 1 else 0.0
+
+
+def is_frontier(kind: str) -> bool:
+    """Runs of this method kind draw the frontier (the baseline, at any budget); all others are compared."""
+    return kind == "baseline"
+
+
+CLOCKS = ("wall", "cpu")
+
+
+def equal_time(
+    runs: Sequence[RunResult], order: Sequence[str] | None = None, clock: str = "wall"
+) -> dict[str, Any]:
+    """The ``equal_time`` section of results.json from finished runs.
+
+    ``frontier``: one entry per budget (ascending) with its mean and spread of accuracy and time;
+    ``rows``: one :class:`Comparison` per other method label (``order`` first, then first-seen),
+    so any method, including ones added later, is held to the same yardstick. ``clock`` is the
+    time axis: ``wall`` (training wall-clock) or ``cpu`` (the process's CPU time over the same
+    spans; with one thread it leaves out the time other work on a shared machine took).
+    """
+    if clock not in CLOCKS:
+        raise ValueError(f"clock must be one of {CLOCKS}, got {clock!r}")
+
+    def time_of(r: RunResult) -> float:
+        return r.train_time if clock == "wall" else r.train_cpu_time
+
+    labels = list(dict.fromkeys([*(order or []), *(r.label for r in runs)]))
+    groups = {lab: [r for r in runs if r.label == lab] for lab in labels}
+    groups = {lab: rs for lab, rs in groups.items() if rs}
+    frontier: dict[int, list[tuple[float, float]]] = {}
+    points: list[dict[str, Any]] = []
+    for lab, rs in groups.items():
+        if not is_frontier(rs[0].kind):
+            continue
+        for r in rs:
+            frontier.setdefault(r.seed, []).append((time_of(r), r.final_acc))
+        points.append(
+            {
+                "method": lab,
+                "budget": rs[0].budget,
+                "seeds": [r.seed for r in rs],
+                "acc_mean": _mean([r.final_acc for r in rs]),
+                "acc_std": _std([r.final_acc for r in rs]),
+                "train_time_s_mean": _mean([time_of(r) for r in rs]),
+                "train_time_s_std": _std([time_of(r) for r in rs]),
+            }
+        )
+    points.sort(key=lambda p: p["budget"])
+    rows = []
+    for lab, rs in groups.items():
+        if is_frontier(rs[0].kind):
+            continue
+        comparison = compare(frontier, {r.seed: (time_of(r), r.final_acc) for r in rs})
+        rows.append({"method": lab, "kind": rs[0].kind, **comparison.as_dict()})
+    return {
+        "clock": clock,
+        "rule": RULE,
+        "confidence": CONFIDENCE,
+        "budgets": [p["budget"] for p in points],
+        "frontier": points,
+        "rows": rows,
+    }
