@@ -26,10 +26,15 @@ if [ -d "$CIFAR" ]; then
 
   # 4. CIFAR-10, the compact ResNet, narrowed to 16/32/64 channels and 4 epochs to fit 2 cores.
   leanbatch bench --preset cifar10 --data "$CIFAR" --model resnet --widths 16,32,64 --epochs 4 \
-    --threads 1 --out "$OUT/cifar10-resnet"
+    --budgets 0.6,0.8,1 --threads 1 --out "$OUT/cifar10-resnet"
+
+  # 5. The method study: InfoBatch's short-schedule options and the newer rules, CNN, 12 epochs.
+  leanbatch bench --preset cifar10 --data "$CIFAR" --epochs 12 --budgets 0.6,0.8,1 --threads 1 \
+    --methods 'baseline,infobatch,infobatch[ib_max_weight=1],infobatch[ib_warmup=1],seta,rs2,ucb,obs[sel_keep=0.7]' \
+    --out "$OUT/cifar10-study"
 fi
 
-# 5. Micro-benchmarks: planning time and memory up to 100M samples, update() and selection cost.
+# 6. Micro-benchmarks: planning time and memory up to 100M samples, update() and selection cost.
 leanbatch micro plan --sizes 1280000,10000000,100000000 --json "$OUT/micro-plan.json"
 leanbatch micro update --json "$OUT/micro-update.json"
 leanbatch micro select --json "$OUT/micro-select.json"
