@@ -28,7 +28,7 @@ import math
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -38,6 +38,8 @@ from torch import Tensor, nn
 from leanbatch.bench.data import DataSplit, IndexDataset
 from leanbatch.bench.methods import MethodSpec
 from leanbatch.bench.models import build_model, default_model_name
+from leanbatch.bench.records import EpochRecord, RunResult
+from leanbatch.bench.selecting import Selection
 
 __all__ = [
     "TrainConfig",
@@ -86,88 +88,6 @@ class TrainConfig:
         d = asdict(self)
         d["widths"] = None if self.widths is None else list(self.widths)
         return d
-
-
-@dataclass
-class EpochRecord:
-    """What happened in one epoch. Counts are samples; times are seconds since the run started."""
-
-    epoch: int
-    train_time: float  # cumulative training wall-clock (evaluation excluded)
-    train_cpu_time: float  # cumulative CPU time of this process over the same spans (all threads)
-    test_acc: float  # percent
-    test_loss: float
-    train_loss: float  # mean of the loss that was backpropagated
-    steps: int
-    loaded: int  # samples the epoch served (after pruning)
-    forwarded: int  # samples in full-resolution training forward passes
-    select_forwarded: int  # samples in selection passes (at sb_scale resolution)
-    backpropagated: int
-    lr: float  # learning rate of the last step
-    threshold: float | None = None  # InfoBatch's pruning threshold (mean score) when planned
-    pruning: bool | None = None
-
-
-@dataclass
-class RunResult:
-    """One finished run: a method, a seed, its per-epoch curve and loss-histogram snapshots."""
-
-    label: str
-    kind: str
-    seed: int
-    num_train: int
-    epochs: list[EpochRecord]
-    histograms: list[dict[str, Any]] = field(default_factory=list)
-    eval_time: float = 0.0
-    sb_scale: float = 1.0
-    load_avg: list[float] = field(default_factory=list)  # 1-minute load average at start and end
-    budget: float = 1.0  # fraction of the baseline's steps this run trained for
-    full_epochs: int | None = None  # the comparison's epochs (the baseline's work); None: len(epochs)
-
-    @property
-    def final_acc(self) -> float:
-        return self.epochs[-1].test_acc
-
-    @property
-    def train_time(self) -> float:
-        return self.epochs[-1].train_time
-
-    @property
-    def train_cpu_time(self) -> float:
-        return self.epochs[-1].train_cpu_time
-
-    def totals(self) -> dict[str, float]:
-        """Fractions of the baseline's work (epochs x training samples)."""
-        full = float((self.full_epochs or len(self.epochs)) * self.num_train)
-        fwd = sum(e.forwarded for e in self.epochs)
-        sel = sum(e.select_forwarded for e in self.epochs)
-        bwd = sum(e.backpropagated for e in self.epochs)
-        loaded = sum(e.loaded for e in self.epochs)
-        # A backward pass costs about two forward passes; a selection pass at scale s costs s^2 of one.
-        work = (fwd + sel * self.sb_scale**2 + 2.0 * bwd) / (3.0 * full)
-        return {
-            "loaded_fraction": loaded / full,
-            "forward_fraction": (fwd + sel) / full,
-            "backward_fraction": bwd / full,
-            "work_fraction": work,
-        }
-
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "method": self.label,
-            "kind": self.kind,
-            "seed": self.seed,
-            "budget": self.budget,
-            "steps": sum(e.steps for e in self.epochs),
-            "final_test_acc": self.final_acc,
-            "train_time_s": self.train_time,
-            "eval_time_s": self.eval_time,
-            "train_cpu_time_s": self.epochs[-1].train_cpu_time,
-            "load_avg_start_end": self.load_avg,
-            **self.totals(),
-            "epochs": [asdict(e) for e in self.epochs],
-            "loss_histograms": self.histograms,
-        }
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -277,106 +197,6 @@ def _make_model(data: DataSplit, cfg: TrainConfig) -> nn.Module:
     return model
 
 
-# ---------------------------------------------------------------------------- selection
-class _Selection:
-    """Selective Backprop for the loop: decides per batch and picks the examples to train on.
-
-    A thin adapter over :class:`leanbatch.selection.SelectiveBackprop`: ``sb`` and ``infobatch+sb``
-    use the rank rule with Composer's schedule; ``obs`` ranks by the last known loss of each index
-    (no selection forward: ``forwards`` is False, and :meth:`record` stores the trained losses);
-    ``sb-proxy`` keeps the hardest examples by a small proxy model trained on every batch it scores,
-    with the main run's optimiser settings and learning-rate schedule. ``__call__`` returns ``None``
-    on batches that train in full, else ``(x_kept, y_kept, positions, losses)``: the kept examples,
-    their positions in the batch and the selection's per-example loss of every example. Selection
-    leaves the model's BatchNorm statistics untouched.
-    """
-
-    def __init__(
-        self, spec: MethodSpec, seed: int, data: DataSplit | None = None, cfg: TrainConfig | None = None
-    ):
-        from leanbatch.selection import ProxyScorer, SelectiveBackprop
-
-        self.forwards, self.proxy_opt, self.cfg = spec.kind != "obs", None, cfg
-        if spec.kind in ("obs", "sb-proxy"):
-            assert data is not None and cfg is not None
-            scorer = None
-            if spec.kind == "sb-proxy":
-                proxy = _make_model(data, replace(cfg, widths=_proxy_widths(data, cfg, spec.proxy_width)))
-                self.proxy_opt = torch.optim.SGD(
-                    proxy.parameters(),
-                    lr=cfg.lr,
-                    momentum=cfg.momentum,
-                    nesterov=cfg.nesterov,
-                    weight_decay=cfg.weight_decay,
-                )
-                scorer = ProxyScorer(
-                    proxy,
-                    self.proxy_opt,
-                    F.cross_entropy,
-                    train_every=spec.proxy_every,
-                    train_keep=spec.proxy_keep,
-                )
-            self.sb = SelectiveBackprop(
-                start=spec.sel_start,
-                end=spec.sel_end,
-                keep=spec.sel_keep,
-                interrupt=spec.sel_interrupt,
-                rule="loss_rank" if spec.kind == "obs" else "top",
-                num_samples=data.num_train if spec.kind == "obs" else None,
-                selection_pressure=spec.obs_pressure,
-                final_pressure=spec.obs_final_pressure or None,
-                scorer=scorer,
-                seed=seed,
-            )
-            return
-        self.sb = SelectiveBackprop(
-            start=spec.sb_start,
-            end=spec.sb_end,
-            keep=spec.sb_keep,
-            scale_factor=spec.sb_scale,
-            interrupt=spec.sb_interrupt,
-            seed=seed,
-        )
-
-    def record(self, indices: Tensor, losses: Tensor) -> None:
-        """``obs``: store the trained examples' losses, which later batches are ranked by."""
-        if not self.forwards:
-            self.sb.record_losses(indices, losses.detach())
-
-    def __call__(
-        self,
-        model: nn.Module,
-        x: Tensor,
-        y: Tensor,
-        progress: float,
-        step: int,
-        indices: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
-        if not self.sb.is_active(progress, step):
-            return None
-        if self.proxy_opt is not None and self.cfg is not None:  # the proxy follows the main schedule
-            for g in self.proxy_opt.param_groups:
-                g["lr"] = self.cfg.lr * _lr_factor(progress, self.cfg.warmup)
-        sel = self.sb.select(
-            (x, y), model, F.cross_entropy, progress=progress, batch_idx=step, indices=indices
-        )
-        if sel.positions is None or sel.losses is None:
-            return None
-        x_sel, y_sel = sel.batch
-        return x_sel, y_sel, sel.positions, sel.losses
-
-
-def _proxy_widths(data: DataSplit, cfg: TrainConfig, scale: float) -> tuple[int, ...]:
-    """The main model's stage widths (its defaults unless ``--widths``) times ``scale``, at least 4."""
-    import inspect
-
-    from leanbatch.bench.models import CompactResNet, SmallCNN
-
-    cls = SmallCNN if cfg.resolved_model(data) == "cnn" else CompactResNet
-    widths = cfg.widths or inspect.signature(cls).parameters["widths"].default
-    return tuple(max(4, round(w * scale)) for w in widths)
-
-
 # ---------------------------------------------------------------------------- the run
 class Trainer:
     """One run (a method, a seed) that trains an epoch at a time, so runs can be interleaved.
@@ -423,7 +243,7 @@ class Trainer:
                 seed=seed,
                 policy=spec.make_policy(cfg.epochs, seed),
             )
-        self.select = _Selection(spec, seed, data, cfg) if spec.selects else None
+        self.select = Selection(spec, seed, data, cfg) if spec.selects else None
         # A budget run stops after its own number of steps; the others train every epoch in full.
         self.budget = spec.budget
         steps_per_epoch = math.ceil(data.num_train / cfg.batch_size)
