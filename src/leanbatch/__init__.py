@@ -1,4 +1,4 @@
-"""leanbatch: cheaper PyTorch training at the same accuracy.
+"""leanbatch: skip the training work your model does not need, and measure whether it paid.
 
 Example:
     >>> from leanbatch import InfoBatch, SelectiveBackprop, select_using_loss
