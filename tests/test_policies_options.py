@@ -92,3 +92,27 @@ def test_bad_options_name_the_argument(kwargs, name):
     for cls in (InfoBatchPolicy, RandomPolicy):
         with pytest.raises(ValueError, match=name):
             cls(0.5, 4, 0.875, **kwargs)
+
+
+def test_warmup_of_one_epoch_changes_nothing_in_a_run_because_epoch_zero_has_no_scores():
+    """The documented caveat: a run's first epoch trains on everything anyway (no sample is scored
+    yet), so ``warmup_epochs=1`` trains exactly like 0, and ``2`` is the first value that delays
+    pruning."""
+    from leanbatch import InfoBatch
+
+    def run(warmup: int) -> list[list[int]]:
+        data = torch.utils.data.TensorDataset(torch.arange(300).float())
+        pol = InfoBatchPolicy(0.5, num_epochs=4, delta=0.875, warmup_epochs=warmup)
+        ib = InfoBatch(data, 4, seed=5, policy=pol)
+        orders = []
+        for epoch in range(4):
+            order = list(ib.sampler)
+            orders.append(order)
+            idx = torch.tensor(order)
+            ib.update(torch.sin(idx.float() * (epoch + 1)).abs() + 0.01, idx)
+        return orders
+
+    default, one, two = run(0), run(1), run(2)
+    assert one == default
+    assert len(default[0]) == 300 and len(default[1]) < 300  # epoch 1 is the first pruned one
+    assert len(two[1]) == 300 and len(two[2]) < 300  # warm-up 2 delays it by an epoch

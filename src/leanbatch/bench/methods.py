@@ -27,7 +27,8 @@ Methods beyond the default five (``--methods`` lists them by name; each paper's 
 
 - ``infobatch`` / ``random`` options for short schedules (each off by default): ``ib_target``
   (``below``: ``prune_ratio`` is a share of the below-mean samples, the paper; ``all``: a share of all
-  samples, drawn from the below-mean ones), ``ib_warmup`` (0: epochs that train on all data first),
+  samples, drawn from the below-mean ones), ``ib_warmup`` (0: epochs that train on all data first; epoch 0 always does, so 2 is
+  the first value that changes anything),
   ``ib_refresh`` (0: every n-th epoch trains on all data), ``ib_max_weight`` (0: the exact
   rescaling; else its cap, e.g. 1 = no rescaling).
 - ``rs2``: repeated random sampling without replacement (Okanovic et al., 2023): ``prune_fraction``

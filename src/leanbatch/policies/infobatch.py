@@ -9,7 +9,9 @@ candidate by the exact inverse of its inclusion probability (see
   from the below-mean ones (the paper's ``prune_ratio`` is a share of the
   below-mean samples only);
 - ``warmup_epochs``: the first epochs train on all data, so the first pruned
-  epochs do not meet the peak learning rate with up-weighted samples;
+  epochs do not meet the peak learning rate with up-weighted samples (epoch 0 has
+  no scores yet and always trains on all data, so ``warmup_epochs=1`` changes
+  nothing: ``2`` is the first value that delays pruning);
 - ``refresh_every``: every ``refresh_every``-th epoch trains on all data, so no
   score is more than ``refresh_every`` epochs old;
 - ``max_weight``: cap the rescaling weight (biased when it binds: the plan then
@@ -141,7 +143,8 @@ class InfoBatchPolicy(_Rescaled):
             with drop probability ``q = prune_ratio * n_scored / n_below`` and weight
             ``1 / (1 - q)``; ``q`` is capped at ``max_drop`` when too few are below the
             mean (then less than ``prune_ratio`` is pruned).
-        warmup_epochs: the first epochs train on all data (default 0).
+        warmup_epochs: the first epochs train on all data (default 0). Epoch 0 has no
+            scores and trains on all data anyway: ``2`` is the first value that delays pruning.
         refresh_every: every ``refresh_every``-th epoch trains on all data (default 0 = never).
         max_weight: cap on the rescaling weight (default None = the exact inverse; 1 = no
             rescaling). Biased when it binds.
