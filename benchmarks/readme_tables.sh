@@ -32,6 +32,8 @@ if [ -d "$CIFAR" ]; then
   leanbatch bench --preset cifar10 --data "$CIFAR" --epochs 12 --budgets 0.6,0.8,1 --threads 1 \
     --methods 'baseline,infobatch,infobatch[ib_max_weight=1],infobatch[ib_warmup=1],seta,rs2,ucb,obs[sel_keep=0.7]' \
     --out "$OUT/cifar10-study"
+  leanbatch bench --preset cifar10 --data "$CIFAR" --epochs 12 --budgets 0.5,0.7,0.85 --threads 1 \
+    --methods 'obs,infobatch[ib_warmup=2]' --out "$OUT/cifar10-study-b"
 fi
 
 # 6. Micro-benchmarks: planning time and memory up to 100M samples, update() and selection cost.
