@@ -17,7 +17,10 @@ leanbatch bench --quick --out "$OUT/quick"
 
 if [ -f "$MNIST" ]; then
   # 2. Full MNIST (60k/10k), 8 epochs, three seeds, every method and the budgets.
-  leanbatch bench --data "$MNIST" --epochs 8 --seeds 0,1,2 --threads 1 --out "$OUT/mnist"
+  leanbatch bench --data "$MNIST" --epochs 8 --seeds 0,1,2 --threads 1 --out "$OUT/mnist" \
+    --methods 'baseline,random,infobatch,infobatch+sb,obs,obs[sel_keep=0.7]'
+  # (the first run, with Selective Backprop alone: the default methods, into "$OUT/mnist-first")
+  leanbatch bench --data "$MNIST" --epochs 8 --seeds 0,1,2 --threads 1 --out "$OUT/mnist-first"
 fi
 
 if [ -d "$CIFAR" ]; then
