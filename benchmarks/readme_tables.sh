@@ -14,6 +14,9 @@ CIFAR=${CIFAR:-.data/cifar10}             # tar -xJf ../shared/data/cifar10-jpeg
 # 1. The first look: 5,000 bundled MNIST digits, every method and the baseline at budgets
 #    0.5, 0.7, 0.85 and 1, three seeds (the README's main command).
 leanbatch bench --quick --out "$OUT/quick"
+# ... and every method of the bench on the same digits (the method study's screen).
+leanbatch bench --quick --threads 1 --out "$OUT/quick-methods" \
+  --methods 'baseline,random,infobatch,infobatch[ib_max_weight=1],infobatch[ib_warmup=1],rs2,epsilon-greedy,ucb,seta,obs,obs[sel_keep=0.7],sb,sb-proxy,infobatch+sb'
 
 if [ -f "$MNIST" ]; then
   # 2. Full MNIST (60k/10k), 8 epochs, three seeds, every method and the budgets.
