@@ -42,7 +42,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from leanbatch.bench.train import RunResult
+    from leanbatch.bench.records import RunResult
 
 __all__ = [
     "CONFIDENCE",
@@ -55,6 +55,8 @@ __all__ = [
     "is_frontier",
     "equal_time",
     "CLOCKS",
+    "mean_of",
+    "std_of",
 ]
 
 CONFIDENCE = 0.95
@@ -196,8 +198,8 @@ def compare(
         per_seed.append(SeedComparison(s, t, acc, f, None if f is None else acc - f, _range(points, t)))
     result = Comparison(
         seeds=seeds,
-        acc_mean=_mean([runs[s][1] for s in seeds]),
-        train_time_s_mean=_mean([runs[s][0] for s in seeds]),
+        acc_mean=mean_of([runs[s][1] for s in seeds]),
+        train_time_s_mean=mean_of([runs[s][0] for s in seeds]),
         frontier_acc_mean=None,
         diff_mean=None,
         diff_std=None,
@@ -214,8 +216,8 @@ def compare(
         result.verdict = "out of range"
         return result
     diffs = [p.diff for p in per_seed if p.diff is not None]
-    result.frontier_acc_mean = _mean([p.frontier_acc for p in per_seed if p.frontier_acc is not None])
-    result.diff_mean = _mean(diffs)
+    result.frontier_acc_mean = mean_of([p.frontier_acc for p in per_seed if p.frontier_acc is not None])
+    result.diff_mean = mean_of(diffs)
     if len(diffs) < 2:
         result.verdict = "undecided"
         return result
@@ -235,11 +237,23 @@ def _verdict(mean: float, std: float, low: float, high: float) -> str:
     return "on"
 
 
-def _mean(xs: Sequence[float]) -> float:
+def mean_of(xs: Sequence[float]) -> float:
+    """The mean over seeds (NaN for none).
+
+    Example:
+        >>> mean_of([1.0, 2.0]), mean_of([])
+        (1.5, nan)
+    """
     return float(statistics.fmean(xs)) if xs else float("nan")
 
 
-def _std(xs: Sequence[float]) -> float:
+def std_of(xs: Sequence[float]) -> float:
+    """The sample standard deviation over seeds (0 for a single value).
+
+    Example:
+        >>> std_of([1.0, 3.0]), std_of([2.0])
+        (1.4142135623730951, 0.0)
+    """
     return float(statistics.stdev(xs)) if len(xs) > 1 else 0.0
 
 
@@ -283,10 +297,10 @@ def equal_time(
                 "method": lab,
                 "budget": rs[0].budget,
                 "seeds": [r.seed for r in rs],
-                "acc_mean": _mean([r.final_acc for r in rs]),
-                "acc_std": _std([r.final_acc for r in rs]),
-                "train_time_s_mean": _mean([time_of(r) for r in rs]),
-                "train_time_s_std": _std([time_of(r) for r in rs]),
+                "acc_mean": mean_of([r.final_acc for r in rs]),
+                "acc_std": std_of([r.final_acc for r in rs]),
+                "train_time_s_mean": mean_of([time_of(r) for r in rs]),
+                "train_time_s_std": std_of([time_of(r) for r in rs]),
             }
         )
     points.sort(key=lambda p: p["budget"])

@@ -17,6 +17,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from leanbatch.bench.frontier import std_of
+
 __all__ = ["write_plots"]
 
 
@@ -145,8 +147,8 @@ def _equal_time_plot(plt: Any, section: dict[str, Any], title: str, path: Path) 
         ax.errorbar(
             [sum(times) / len(times)],
             [sum(accs) / len(accs)],
-            xerr=[_spread(times)],
-            yerr=[_spread(accs)],
+            xerr=[std_of(times)],
+            yerr=[std_of(accs)],
             marker="o",
             ms=6,
             capsize=3,
@@ -161,14 +163,6 @@ def _equal_time_plot(plt: Any, section: dict[str, Any], title: str, path: Path) 
         f"Accuracy at equal time: {title}",
     )
     return _save(fig, path)
-
-
-def _spread(xs: list[float]) -> float:
-    """Sample standard deviation (0 for a single value)."""
-    if len(xs) < 2:
-        return 0.0
-    m = sum(xs) / len(xs)
-    return (sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) ** 0.5
 
 
 def _is_budget(runs: list[dict[str, Any]]) -> bool:

@@ -36,13 +36,12 @@ from __future__ import annotations
 import json
 import math
 import platform
-import statistics
 from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
-from leanbatch.bench.frontier import equal_time
-from leanbatch.bench.train import EpochRecord, RunResult
+from leanbatch.bench.frontier import equal_time, mean_of, std_of
+from leanbatch.bench.records import EpochRecord, RunResult
 
 __all__ = [
     "SCHEMA",
@@ -57,14 +56,6 @@ __all__ = [
 ]
 
 SCHEMA = "leanbatch.bench/2"
-
-
-def _mean(xs: Sequence[float]) -> float:
-    return float(statistics.fmean(xs)) if xs else float("nan")
-
-
-def _std(xs: Sequence[float]) -> float:
-    return float(statistics.stdev(xs)) if len(xs) > 1 else 0.0
 
 
 def _time_to(run: RunResult, target: float) -> float | None:
@@ -88,9 +79,9 @@ def summarize(
     labels = [lab for lab in labels if any(r.label == lab for r in runs)]
     by_label = {lab: [r for r in runs if r.label == lab] for lab in labels}
     base = by_label.get("baseline", [])
-    base_time = _mean([r.train_time for r in base]) if base else None
-    base_cpu = _mean([r.train_cpu_time for r in base]) if base else None
-    base_acc = _mean([r.final_acc for r in base]) if base else None
+    base_time = mean_of([r.train_time for r in base]) if base else None
+    base_cpu = mean_of([r.train_cpu_time for r in base]) if base else None
+    base_acc = mean_of([r.final_acc for r in base]) if base else None
     target = None if base_acc is None else base_acc - tolerance
     rows = []
     for lab in labels:
@@ -98,8 +89,8 @@ def summarize(
         accs = [r.final_acc for r in rs]
         times = [r.train_time for r in rs]
         tot = [r.totals() for r in rs]
-        work = _mean([t["work_fraction"] for t in tot])
-        t_mean = _mean(times)
+        work = mean_of([t["work_fraction"] for t in tot])
+        t_mean = mean_of(times)
         ratio = None if not base_time else t_mean / base_time
         actual = None if not ratio else 1.0 / ratio
         ideal = 1.0 / work if work > 0 else None
@@ -110,24 +101,24 @@ def summarize(
                 "kind": rs[0].kind,
                 "budget": rs[0].budget,
                 "seeds": [r.seed for r in rs],
-                "acc_mean": _mean(accs),
-                "acc_std": _std(accs),
-                "acc_delta_vs_baseline": None if base_acc is None else _mean(accs) - base_acc,
+                "acc_mean": mean_of(accs),
+                "acc_std": std_of(accs),
+                "acc_delta_vs_baseline": None if base_acc is None else mean_of(accs) - base_acc,
                 "train_time_s_mean": t_mean,
-                "train_time_s_std": _std(times),
+                "train_time_s_std": std_of(times),
                 "time_ratio_vs_baseline": ratio,
-                "train_cpu_time_s_mean": _mean([r.train_cpu_time for r in rs]),
-                "cpu_speedup": None if not base_cpu else base_cpu / _mean([r.train_cpu_time for r in rs]),
-                "loaded_fraction": _mean([t["loaded_fraction"] for t in tot]),
-                "forward_fraction": _mean([t["forward_fraction"] for t in tot]),
-                "backward_fraction": _mean([t["backward_fraction"] for t in tot]),
+                "train_cpu_time_s_mean": mean_of([r.train_cpu_time for r in rs]),
+                "cpu_speedup": None if not base_cpu else base_cpu / mean_of([r.train_cpu_time for r in rs]),
+                "loaded_fraction": mean_of([t["loaded_fraction"] for t in tot]),
+                "forward_fraction": mean_of([t["forward_fraction"] for t in tot]),
+                "backward_fraction": mean_of([t["backward_fraction"] for t in tot]),
                 "work_fraction": work,
                 "ideal_speedup": ideal,
                 "actual_speedup": actual,
                 "achieved_of_ideal": None if (actual is None or ideal is None) else actual / ideal,
                 "target_acc": target,
                 "time_to_target_s": (
-                    _mean([t for t in reach if t is not None])
+                    mean_of([t for t in reach if t is not None])
                     if reach and all(t is not None for t in reach)
                     else None
                 ),
@@ -243,12 +234,11 @@ def format_equal_time(section: dict[str, Any]) -> str:
             diff = f"{r['diff_mean']:+.2f}" + ("" if r["diff_std"] is None else f" ± {r['diff_std']:.2f}")
         ci = "-" if r["ci_low"] is None else f"[{r['ci_low']:+.2f}, {r['ci_high']:+.2f}]"
         acc = [s["acc"] for s in r["per_seed"]]
-        acc_std = statistics.stdev(acc) if len(acc) > 1 else 0.0
         lines.append(
             [
                 r["method"],
                 "",
-                f"{r['acc_mean']:.2f} ± {acc_std:.2f}",
+                f"{r['acc_mean']:.2f} ± {std_of(acc):.2f}",
                 _fmt(r["train_time_s_mean"], ".1f"),
                 _fmt(r["frontier_acc_mean"], ".2f"),
                 diff,
