@@ -1,0 +1,240 @@
+"""Argument validation: one place for every check of a hyperparameter or an argument.
+
+Every check names the argument, says what a valid value looks like and, where it helps, why,
+so a bad value fails where it is written (at construction), not halfway through training.
+Booleans are never accepted as numbers, NaN never passes a range, and infinity passes only
+where a range is open-ended on purpose (``allow_inf``). The library's classes and the
+benchmark's command line validate through these functions, under the library's own names.
+
+Example:
+    >>> check_fraction(0.5, "keep"), check_int(3, "interrupt", 0), check_real(2.0, "c", low=0.0)
+    (0.5, 3, 2.0)
+    >>> try:
+    ...     check_real(float("nan"), "lr", low=0.0, low_open=True)
+    ... except ValueError as e:
+    ...     print(e)
+    lr must be a finite number > 0, got nan
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection
+from typing import Any
+
+import torch
+
+__all__ = [
+    "check_autocast",
+    "check_bool",
+    "check_choice",
+    "check_epochs",
+    "check_fraction",
+    "check_int",
+    "check_interval",
+    "check_ratio",
+    "check_real",
+    "check_seed",
+    "is_real",
+]
+
+
+def is_real(value: Any) -> bool:
+    """Whether ``value`` is a Python int or float (not a bool).
+
+    Example:
+        >>> is_real(1), is_real(2.5), is_real(True), is_real("1")
+        (True, True, False, False)
+    """
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _bounds(low: float | None, high: float | None, low_open: bool, high_open: bool) -> str:
+    if low is not None and high is not None:
+        return f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+    if low is not None:
+        return f"{'>' if low_open else '>='} {low:g}"
+    if high is not None:
+        return f"{'<' if high_open else '<='} {high:g}"
+    return "a number"
+
+
+def check_real(
+    value: Any,
+    name: str,
+    low: float | None = None,
+    high: float | None = None,
+    *,
+    low_open: bool = False,
+    high_open: bool = False,
+    allow_inf: bool = False,
+    hint: str = "",
+    type_error: bool = False,
+) -> float:
+    """``value`` as a float inside the given bounds; ``ValueError`` naming ``name`` otherwise.
+
+    NaN never passes; infinity only with ``allow_inf``. ``type_error``: raise ``TypeError``
+    (not ``ValueError``) for a value that is not a number at all.
+
+    Example:
+        >>> check_real(0.9, "momentum", 0.0, 1.0, high_open=True)
+        0.9
+    """
+    where = _bounds(low, high, low_open, high_open)
+    what = f"{name} must be a {'' if allow_inf else 'finite '}number {where}".replace(
+        "number a number", "number"
+    )
+    tail = f": {hint}" if hint else ""
+    if not is_real(value):
+        exc = TypeError if type_error else ValueError
+        raise exc(f"{what}, got {type(value).__name__} {value!r}{tail}")
+    v = float(value)
+    ok = not math.isnan(v) and (allow_inf or math.isfinite(v))
+    if ok and low is not None:
+        ok = v > low if low_open else v >= low
+    if ok and high is not None:
+        ok = v < high if high_open else v <= high
+    if not ok:
+        raise ValueError(f"{what}, got {value!r}{tail}")
+    return v
+
+
+def check_fraction(value: Any, name: str) -> float:
+    """``value`` as a float in (0, 1]; ``TypeError`` for a non-number, ``ValueError`` out of range.
+
+    Example:
+        >>> check_fraction(1, "keep")
+        1.0
+    """
+    if not is_real(value):
+        raise TypeError(f"{name} must be a float in (0, 1], got {type(value).__name__} {value!r}")
+    v = float(value)
+    if not (0.0 < v <= 1.0):  # also rejects NaN
+        raise ValueError(f"{name} must be in (0, 1], got {value!r}")
+    return v
+
+
+def check_ratio(value: object, name: str, meaning: str, low_open: bool = False) -> float:
+    """``value`` as a float in [0, 1) (or (0, 1) with ``low_open``); ``ValueError`` naming ``name``.
+
+    Example:
+        >>> check_ratio(0.3, "prune_ratio", "the share pruned")
+        0.3
+    """
+    ok = is_real(value)
+    v = float(value) if ok else math.nan  # type: ignore[arg-type]
+    if not ok or not (0.0 <= v < 1.0) or (low_open and v == 0.0):
+        interval = "(0, 1)" if low_open else "[0, 1)"
+        raise ValueError(f"{name} must be in {interval}, got {value!r}: {meaning}")
+    return v
+
+
+def check_int(value: Any, name: str, minimum: int | None = None, maximum: int | None = None) -> int:
+    """``value`` if it is an int (bools rejected) in ``[minimum, maximum]``; else ``TypeError``/``ValueError``.
+
+    Example:
+        >>> check_int(0, "interrupt", 0)
+        0
+    """
+    bound = f" >= {minimum}" if minimum is not None else ""
+    if maximum is not None:
+        bound = f" in [{minimum}, {maximum}]" if minimum is not None else f" <= {maximum}"
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int{bound}, got {type(value).__name__} {value!r}")
+    if (minimum is not None and value < minimum) or (maximum is not None and value > maximum):
+        raise ValueError(f"{name} must be an int{bound}, got {value!r}")
+    return value
+
+
+def check_seed(value: Any, name: str = "seed") -> int:
+    """An int seed (any int, bools rejected); ``TypeError`` naming ``name`` otherwise.
+
+    Example:
+        >>> check_seed(7)
+        7
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+    return value
+
+
+def check_bool(value: Any, name: str) -> bool:
+    """``value`` if it is a bool; ``TypeError`` naming ``name`` otherwise.
+
+    Example:
+        >>> check_bool(False, "shard")
+        False
+    """
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {value!r}")
+    return value
+
+
+def check_choice(value: Any, name: str, choices: Collection[Any], hint: str = "") -> Any:
+    """``value`` if it is one of ``choices``; ``ValueError`` listing them otherwise.
+
+    Example:
+        >>> check_choice("all", "target", ("below", "all"))
+        'all'
+    """
+    if value not in choices:
+        listed = ", ".join(repr(c) for c in choices)
+        raise ValueError(f"{name} must be one of {listed}, got {value!r}{': ' + hint if hint else ''}")
+    return value
+
+
+def check_epochs(num_epochs: object, delta: object) -> None:
+    """Raise ``ValueError`` naming ``num_epochs`` or ``delta`` unless both are valid.
+
+    Example:
+        >>> check_epochs(8, 0.875)
+        >>> try:
+        ...     check_epochs(8, 0.0)
+        ... except ValueError as e:
+        ...     print(str(e).split(":")[0])
+        delta must be in (0, 1], got 0.0
+    """
+    if isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 1:
+        raise ValueError(f"num_epochs must be an int >= 1, got {num_epochs!r}")
+    if not is_real(delta) or not (0.0 < delta <= 1.0):  # type: ignore[operator]
+        raise ValueError(
+            f"delta must be in (0, 1], got {delta!r}: epochs at or after delta * num_epochs train on "
+            "all data (0.875 is InfoBatch's default)"
+        )
+
+
+def check_interval(start: Any, end: Any) -> tuple[float, float]:
+    """Validate a window ``start <= progress < end`` in fractions of training.
+
+    Example:
+        >>> check_interval(0.5, 0.9)
+        (0.5, 0.9)
+    """
+    for name, v in (("start", start), ("end", end)):
+        if not is_real(v):
+            raise TypeError(f"{name} must be a float fraction of training, got {type(v).__name__} {v!r}")
+        if math.isnan(float(v)):
+            raise ValueError(f"{name} must be a number, got NaN")
+    s, e = float(start), float(end)
+    if s < 0.0:
+        raise ValueError(f"start must be >= 0 (a fraction of training), got {start!r}")
+    if s >= e:
+        raise ValueError(f"start must be < end, got start={start!r}, end={end!r}")
+    return s, e
+
+
+def check_autocast(value: Any) -> torch.dtype | bool | None:
+    """``None`` (inherit the caller's context), ``False`` (full precision), ``True`` or a half dtype.
+
+    Example:
+        >>> check_autocast(None), check_autocast(False)
+        (None, False)
+    """
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, torch.dtype) and value in (torch.float16, torch.bfloat16):
+        return value
+    raise TypeError(
+        f"autocast must be None (use the caller's autocast context), False (full precision), True, "
+        f"torch.bfloat16 or torch.float16, got {value!r}"
+    )
