@@ -64,12 +64,16 @@ def test_ddp_ranks_share_scores_plans_and_split_the_data():
     assert a["stats"] == b["stats"]  # identical plans
     assert a["stats"][1]["pruning"] and a["stats"][1]["kept"] < N
     check_shards(a["stats"], a["served"], b["served"])
-    # each score is the loss of the rank that served the sample last (x / N + rank); a padded
-    # sample served by both ranks gets their mean
+    # each score is the loss of the rank that served the sample last (x / N + rank); padding (a
+    # sample served a second time, at the end of a shard, so the shards have equal lengths)
+    # trains but does not score, so a padded sample keeps the score of its first serving and
+    # the merge does not depend on which rank padded
+    padding = b["served"][-1][-a["stats"][-1]["padded"] :]  # rank 1's shard ends with the padding
     last_a, last_b = set(a["served"][-1]), set(b["served"][-1])
     expected = torch.arange(N) / N
     for i in range(N):
-        expected[i] += 0.5 if (i in last_a and i in last_b) else (1.0 if i in last_b else 0.0)
+        expected[i] += 1.0 if (i in last_b and i not in padding) else 0.0
+    assert len(padding) == 1 and padding[0] in last_a  # first served, unpadded, on rank 0
     assert last_a | last_b == set(range(N))  # the last epoch anneals: everything served
     assert torch.allclose(a["scores"], expected, atol=1e-6)
 

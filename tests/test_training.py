@@ -53,7 +53,8 @@ def train(policy):
             opt.zero_grad()
             loss.backward()
             opt.step()
-            t[0] = (epoch + (k + 1) / len(loader)) / EPOCHS
+            if ds is None:  # the baseline's progress (InfoBatch counts its own)
+                t[0] = (epoch + (k + 1) / len(loader)) / EPOCHS
             sched.step()
             forwarded += len(y)
         if plan is not None and plan.pruning:

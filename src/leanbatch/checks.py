@@ -19,23 +19,28 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import torch
+from torch import Tensor
 
 __all__ = [
     "check_autocast",
     "check_bool",
     "check_choice",
     "check_epochs",
+    "check_index_tensor",
     "check_fraction",
     "check_int",
+    "check_per_sample_loss",
     "check_interval",
     "check_ratio",
     "check_real",
+    "check_saved_tensor",
     "check_seed",
     "is_real",
+    "require",
 ]
 
 
@@ -238,3 +243,93 @@ def check_autocast(value: Any) -> torch.dtype | bool | None:
         f"autocast must be None (use the caller's autocast context), False (full precision), True, "
         f"torch.bfloat16 or torch.float16, got {value!r}"
     )
+
+
+def require(state: Any, keys: tuple[str, ...], what: str) -> Mapping[str, Any]:
+    """``state`` if it is a mapping holding every key; ``ValueError`` naming the first missing one.
+
+    Example:
+        >>> try:
+        ...     require({"a": 1}, ("a", "b"), "state_dict")
+        ... except ValueError as e:
+        ...     print(e)
+        state_dict has no key 'b': it was not saved by this object's state_dict()
+    """
+    if not isinstance(state, Mapping):
+        raise ValueError(f"{what} must be a dict saved by state_dict(), got {type(state).__name__}")
+    for key in keys:
+        if key not in state:
+            raise ValueError(f"{what} has no key {key!r}: it was not saved by this object's state_dict()")
+    return state
+
+
+_INDEX_DTYPES = frozenset({torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8})
+
+
+def check_index_tensor(value: Any, name: str) -> torch.Tensor:
+    """A 1-D integer tensor (lists and numpy arrays converted); ``TypeError`` naming ``name`` otherwise.
+
+    Example:
+        >>> check_index_tensor([3, 1], "indices").tolist()
+        [3, 1]
+    """
+    if isinstance(value, torch.Tensor) and value.dim() == 1 and value.dtype in _INDEX_DTYPES:
+        return value
+    t = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
+    if t.dim() != 1 or t.dtype not in _INDEX_DTYPES:
+        raise TypeError(f"{name} must be a 1-D integer tensor, got {t.dtype} {tuple(t.shape)}")
+    return t
+
+
+def check_saved_tensor(
+    state: Mapping[str, Any], key: str, shape: tuple[int, ...], *, nan: bool = True, low: float | None = None
+) -> torch.Tensor:
+    """``state[key]``: a float tensor of ``shape``, never infinite (NaN only with ``nan``), ``>= low``.
+
+    Example:
+        >>> import torch
+        >>> try:
+        ...     check_saved_tensor({"w": torch.tensor([1.0, -2.0])}, "w", (2,), low=0.0)
+        ... except ValueError as e:
+        ...     print(e)
+        state_dict['w'] must be a float tensor of shape (2,) with finite values >= 0 or NaN
+    """
+    t = state[key]
+    what = f"state_dict[{key!r}] must be a float tensor of shape {shape} with finite values"
+    what += f" >= {low:g}" if low is not None else ""
+    what += " or NaN" if nan else ""
+    if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape or not t.is_floating_point():
+        raise ValueError(what)
+    bad = torch.isinf(t) | (torch.isnan(t) if not nan else torch.zeros_like(t, dtype=torch.bool))
+    if low is not None:
+        bad |= t < low
+    if bool(bad.any()):
+        raise ValueError(what)
+    return t
+
+
+def check_per_sample_loss(loss: Any, name: str = "loss") -> Tensor:
+    """Validate that ``loss`` holds one loss per example and return it.
+
+    Raises a ``TypeError``/``ValueError`` naming ``name`` and the fix when it is not
+    a tensor, is a scalar (a reduced loss), or has more than one dimension.
+
+    Example:
+        >>> import torch
+        >>> check_per_sample_loss(torch.ones(3)).shape
+        torch.Size([3])
+    """
+    if not isinstance(loss, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor of per-sample losses, got {type(loss).__name__}")
+    if loss.dim() == 0:
+        raise ValueError(
+            f"{name} is a scalar: pass per-sample losses, e.g. F.cross_entropy(logits, y, reduction='none')"
+        )
+    if loss.dim() != 1:
+        raise ValueError(
+            f"{name} must have shape (batch,), got {tuple(loss.shape)}: reduce the non-batch dimensions "
+            "first, e.g. loss.flatten(1).mean(1) (see leanbatch.per_sequence_loss for token losses)"
+        )
+    if not (loss.is_floating_point()):
+        raise TypeError(f"{name} must be a floating-point tensor, got {loss.dtype}")
+    return loss

@@ -13,9 +13,12 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset, IterableDataset
 
+from leanbatch.checks import check_index_tensor, check_per_sample_loss, require
 from leanbatch.policies import InfoBatchPolicy, Policy, RandomPolicy
+from leanbatch.record import Position, TrainingRecord
 from leanbatch.sampler import PrunedSampler
-from leanbatch.scores import ScoreTable, check_per_sample_loss
+from leanbatch.scores import ScoreTable
+from leanbatch.state import record_state
 
 __all__ = ["InfoBatch"]
 
@@ -81,30 +84,9 @@ class InfoBatch(Dataset):
         process_group: Any = None,
         shard: bool = True,
     ):
-        if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__getitem__"):
-            raise TypeError(
-                "dataset must be a map-style dataset with __len__ and __getitem__; InfoBatch prunes by "
-                "index, so an IterableDataset cannot be wrapped"
-            )
-        try:
-            n = len(dataset)
-        except TypeError as e:
-            raise TypeError("dataset must define __len__ (a map-style dataset)") from e
-        if n < 1:
-            raise ValueError("dataset is empty: InfoBatch needs at least one sample")
-        if isinstance(policy, str):
-            kinds: dict[str, type[InfoBatchPolicy] | type[RandomPolicy]] = {
-                "infobatch": InfoBatchPolicy,
-                "random": RandomPolicy,
-            }
-            if policy not in kinds:
-                raise ValueError(f"policy must be one of {sorted(kinds)} or a Policy object, got {policy!r}")
-            policy_obj: Policy = kinds[policy](prune_ratio, num_epochs, delta)
-        else:
-            InfoBatchPolicy(prune_ratio, num_epochs, delta)  # validates the arguments all the same
-            policy_obj = policy
+        n = _dataset_length(dataset)
+        policy_obj = _make_policy(policy, prune_ratio, num_epochs, delta)
         self.dataset = dataset
-        self.num_epochs = num_epochs
         self.prune_ratio = prune_ratio
         self.delta = delta
         options = dict(getattr(policy_obj, "score_table_options", dict)())
@@ -120,7 +102,19 @@ class InfoBatch(Dataset):
             drop_last=drop_last,
             process_group=process_group,
             shard=shard,
+            num_epochs=num_epochs,
         )
+        self.sampler.record.fetches.track()
+
+    @property
+    def record(self) -> TrainingRecord:
+        """What has been trained: the position, the epochs, the ledger (see :class:`~leanbatch.record.TrainingRecord`)."""
+        return self.sampler.record
+
+    @property
+    def num_epochs(self) -> int:
+        """The run's length in epochs (the training record owns it; the policy agrees with it)."""
+        return self.sampler.record.num_epochs
 
     # ------------------------------------------------------------------ dataset
     def __len__(self) -> int:
@@ -128,6 +122,17 @@ class InfoBatch(Dataset):
 
     def __getitem__(self, index: int) -> Any:
         return self.dataset[index]
+
+    def __getitems__(self, indices: list[int]) -> list[Any]:
+        """A whole batch's items (the DataLoader's batched fetch); notes the batch's size.
+
+        ``update(loss)`` without indices checks each loss against the size of the batch it
+        trains, so a loss of the wrong length is an error before any score lands on a wrong
+        sample.
+        """
+        self.sampler.record.fetches.fetched(len(indices))
+        many = getattr(self.dataset, "__getitems__", None)
+        return list(many(indices)) if callable(many) else [self.dataset[i] for i in indices]
 
     def __getattr__(self, name: str) -> Any:
         # Delegate unknown attributes to the wrapped dataset (e.g. .classes), but never
@@ -180,62 +185,71 @@ class InfoBatch(Dataset):
             (2.0, [1.0, 3.0], 0.25)
         """
         loss = check_per_sample_loss(loss)
-        k = loss.shape[0]
         if indices is None:
             if positions is not None:
                 raise TypeError(
                     "positions= needs the batch's indices: update(loss, indices, positions=...); without "
                     "indices in the batch, take them with ds.next_indices(len(batch)) before training it"
                 )
-            idx, plan = self.sampler.claim(k)
-            w = self.sampler.weights_on(plan, loss.device)
-            idx = self.scores.store(idx, loss, check=False)
-            return loss.mean() if w is None else (loss * w.index_select(0, _on(idx, w))).mean()
-        if not isinstance(indices, Tensor) or indices.dtype not in _INDEX_DTYPES or indices.dim() != 1:
-            indices = _check_indices(indices, "indices")  # converts, or raises naming the argument
+            return self._update_served(loss)
+        return self._update_indexed(loss, indices, positions)
+
+    def _update_served(self, loss: Tensor) -> Tensor:
+        """``update(loss)``: the indices are the next ones the sampler served (the ledger's)."""
+        k = loss.shape[0]
+        record = self.sampler.record
+        step = record.prepare(k, indices=True, batch=True, what="update(loss) without indices")
+        assert step.indices is not None
+        idx, rows = step.indices, loss
+        if step.scored < k:  # padding at the epoch's end: trains, does not score
+            idx, rows = idx[: step.scored], loss[: step.scored]
+        self.scores.store(idx, rows, check=False)
+        record.commit(k)
+        w = step.plan.weights_on(loss.device)
+        if w is None:
+            return loss.mean()
+        return (loss * w.index_select(0, _on(step.indices, w))).mean()
+
+    def _update_indexed(self, loss: Tensor, indices: Any, positions: Tensor | None) -> Tensor:
+        """``update(loss, indices[, positions=])``: the batch names its dataset indices."""
+        k = loss.shape[0]
+        indices = check_index_tensor(indices, "indices")  # converts, or raises naming the argument
         n = indices.shape[0]
-        if positions is None:
-            if n != k:
-                raise ValueError(
-                    f"loss has {k} entries but indices has {n}: pass one loss per index, or positions= "
-                    "(the rows of the batch the losses belong to) for a selected subset"
-                )
-        else:
-            positions = _check_indices(positions, "positions")
-            if positions.shape[0] != k:
-                raise ValueError(
-                    f"loss has {k} entries but positions has {positions.shape[0]}: one position per loss"
-                )
-            if (
-                positions.device.type == "cpu"
-                and k
-                and not 0 <= int(positions.min()) <= int(positions.max()) < n
-            ):
-                raise IndexError(f"positions must be rows of the batch, in [0, {n})")
-        it = self.sampler.serving(n, "update(loss, indices)")  # checked before anything changes
+        if positions is None and n != k:
+            raise ValueError(
+                f"loss has {k} entries but indices has {n}: pass one loss per index, or positions= "
+                "(the rows of the batch the losses belong to) for a selected subset"
+            )
+        if positions is not None:
+            positions = _check_positions(positions, k, n)
+        record = self.sampler.record
+        step = record.prepare(n)  # checked before anything changes
         if indices.device.type == "cpu":
             # Our own copy: a caller's CPU tensor can alias memory that changes without torch
             # knowing (torch.from_numpy of a reused array), which no version check would see.
             indices = indices.clone() if indices.dtype == torch.int64 else indices.long()
-        if positions is not None:
-            indices = _on(indices, positions).index_select(0, positions)
-        plan = self.sampler.plan() if it is None else it.plan
-        w = self.sampler.weights_on(plan, loss.device)
-        w_batch: Tensor | None
-        if w is not None and w.device.type == "cpu" and indices.device.type == "cpu":
-            # Gathering the weights checks the range for free on CPU; the message comes from check_indices.
-            try:
-                w_batch = w.index_select(0, indices)
-            except (IndexError, RuntimeError):
-                self.scores.check_indices(indices)
-                raise
-            self.scores.store(indices, loss, check=False)
-        else:  # annealing epochs, or devices: an explicit check (asynchronous on CUDA)
-            idx = self.scores.store(indices, loss, check=True)
-            w_batch = None if w is None else w.index_select(0, _on(idx, w))
-        if it is not None:
-            it.take(n, indices=False)
+        rows = indices if positions is None else _on(indices, positions).index_select(0, positions)
+        w_batch = self._gather_checked(step.plan.weights_on(loss.device), rows)  # before anything changes
+        self.scores.store(
+            _unscored(rows, positions, step.scored, n, self.scores.num_samples), loss, check=False
+        )
+        record.commit(n)
         return loss.mean() if w_batch is None else (loss * w_batch).mean()
+
+    def _gather_checked(self, w: Tensor | None, rows: Tensor) -> Tensor | None:
+        """The weights of ``rows`` (``None``: all 1), with the rows checked to be dataset indices.
+
+        On CPU gathering the weights checks the range for free (the message then comes from
+        ``check_indices``); elsewhere, an explicit check (asynchronous on CUDA).
+        """
+        if w is not None and w.device.type == "cpu" and rows.device.type == "cpu":
+            try:
+                return w.index_select(0, rows)
+            except (IndexError, RuntimeError):
+                self.scores.check_indices(rows)
+                raise
+        self.scores.check_indices(rows)
+        return None if w is None else w.index_select(0, _on(rows, w))
 
     def next_indices(self, n: int) -> Tensor:
         """The dataset indices (int64, CPU) of the next ``n`` samples to train, in serving order.
@@ -249,7 +263,7 @@ class InfoBatch(Dataset):
     def weights(self, indices: Tensor) -> Tensor:
         """The loss weights (float32) of dataset ``indices`` in the batch trained next, on their device."""
         self.scores.check_indices(indices)
-        w = self.sampler.weights_on(self.sampler.plan(), indices.device)
+        w = self.sampler.record.plan().weights_on(indices.device)
         if w is None:
             return torch.ones(indices.shape, dtype=torch.float32, device=indices.device)
         return w[indices]
@@ -283,35 +297,96 @@ class InfoBatch(Dataset):
         return int(self.scores.nonfinite_count)
 
     @property
+    def position(self) -> Position:
+        """Where training stands: ``Position(epoch, trained, length)``, in the epoch's global order."""
+        return self.sampler.record.position
+
+    @property
     def progress(self) -> float:
-        """Fraction of training done, counted in consumed samples: (epoch + pos / len) / num_epochs."""
-        epoch, pos, length, _ = self.sampler.position()
-        frac = pos / length if length else 0.0
-        return min(1.0, (epoch + frac) / self.num_epochs)
+        """Fraction of training done, counted in trained samples: (epoch + trained / length) / num_epochs."""
+        return self.sampler.record.progress
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
         """Scores, epoch, position inside it, its plan, statistics: loads with weights_only=True."""
-        return {"version": 1, "scores": self.scores.state_dict(), "sampler": self.sampler.state_dict()}
+        return {"version": 2, "scores": self.scores.state_dict(), "sampler": self.sampler.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume exactly where :meth:`state_dict` was taken (same dataset size required)."""
-        if not isinstance(state, dict) or "scores" not in state or "sampler" not in state:
-            raise ValueError("state_dict must come from InfoBatch.state_dict()")
-        self.scores.load_state_dict(state["scores"])
-        self.sampler.load_state_dict(state["sampler"])
+        """Resume exactly where :meth:`state_dict` was taken (same dataset size, any number of ranks).
+
+        The state is checked before anything changes: a wrong key, shape or value is a
+        ``ValueError`` that names it. Version 1 states (the release before) still load.
+        """
+        checked = require(state, ("scores", "sampler"), "InfoBatch state_dict")
+        version = checked.get("version", 1)
+        if version not in (1, 2):
+            raise ValueError(f"InfoBatch state_dict has version {version!r}; this leanbatch reads 1 and 2")
+        record_state(checked["sampler"], self.scores.num_samples, self.sampler.record.sharding)  # check first
+        self.scores.load_state_dict(checked["scores"])
+        self.sampler.load_state_dict(checked["sampler"])
 
 
-_INDEX_DTYPES = frozenset({torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8})
+def _check_positions(positions: Any, k: int, n: int) -> Tensor:
+    """``positions``: one row of the batch per loss (checked on CPU; on a device at the gather)."""
+    positions = check_index_tensor(positions, "positions")
+    if positions.shape[0] != k:
+        raise ValueError(
+            f"loss has {k} entries but positions has {positions.shape[0]}: one position per loss"
+        )
+    if positions.device.type == "cpu" and k and not 0 <= int(positions.min()) <= int(positions.max()) < n:
+        raise IndexError(f"positions must be rows of the batch, in [0, {n})")
+    return positions
 
 
-def _check_indices(t: Any, name: str) -> Tensor:
-    """A 1-D integer tensor (lists and numpy arrays converted), or a TypeError naming ``name``."""
-    if not isinstance(t, Tensor):
-        t = torch.as_tensor(t)
-    if t.dim() != 1 or t.dtype not in _INDEX_DTYPES:
-        raise TypeError(f"{name} must be a 1-D integer tensor, got {t.dtype} {tuple(t.shape)}")
-    return t
+def _unscored(rows: Tensor, positions: Tensor | None, scored: int, n: int, spare: int) -> Tensor:
+    """``rows`` with those past the first ``scored`` rows of the batch sent to the spare slot (padding)."""
+    if scored >= n:
+        return rows
+    if positions is None:
+        rows = rows.clone()
+        rows[scored:] = spare
+        return rows
+    return torch.where(positions < scored, rows, spare)
+
+
+def _dataset_length(dataset: Any) -> int:
+    """The length of a map-style dataset, or a clear error."""
+    if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__getitem__"):
+        raise TypeError(
+            "dataset must be a map-style dataset with __len__ and __getitem__; InfoBatch prunes by "
+            "index, so an IterableDataset cannot be wrapped"
+        )
+    try:
+        n = len(dataset)
+    except TypeError as e:
+        raise TypeError("dataset must define __len__ (a map-style dataset)") from e
+    if n < 1:
+        raise ValueError("dataset is empty: InfoBatch needs at least one sample")
+    return n
+
+
+def _make_policy(policy: str | Policy, prune_ratio: float, num_epochs: int, delta: float) -> Policy:
+    """The policy object for ``policy=``; a policy object must agree on ``num_epochs`` (one owner)."""
+    kinds: dict[str, type[InfoBatchPolicy] | type[RandomPolicy]] = {
+        "infobatch": InfoBatchPolicy,
+        "random": RandomPolicy,
+    }
+    if isinstance(policy, str):
+        if policy not in kinds:
+            raise ValueError(f"policy must be one of {sorted(kinds)} or a Policy object, got {policy!r}")
+        return kinds[policy](prune_ratio, num_epochs, delta)
+    InfoBatchPolicy(prune_ratio, num_epochs, delta)  # validates the arguments all the same
+    if not callable(policy):
+        raise TypeError(
+            f"policy must be 'infobatch', 'random' or a Policy object, got {type(policy).__name__}"
+        )
+    theirs = getattr(policy, "num_epochs", num_epochs)
+    if theirs != num_epochs:
+        raise ValueError(
+            f"InfoBatch(num_epochs={num_epochs}) but the policy has num_epochs={theirs}: the policy would "
+            "anneal at another epoch than the one progress counts to; build both with the same num_epochs"
+        )
+    return policy
 
 
 def _on(idx: Tensor, like: Tensor) -> Tensor:

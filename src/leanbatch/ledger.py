@@ -2,54 +2,75 @@
 
 Loaders read ahead, so the samples a sampler has served run ahead of those an update has
 trained. :class:`Iteration` keeps the served dataset indices in order, in the chunks they
-were made in, and drops a chunk once it has been trained to its end.
+were made in, and drops a chunk once it has been trained to its end. Counts are this rank's
+(local); :meth:`Iteration.global_trained` maps them to the epoch's global order.
 """
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
-from leanbatch.permutation import KeyedPermutation
 from leanbatch.policies import Plan
 
-__all__ = ["Iteration"]
+__all__ = ["Fetches", "Iteration"]
 
 
 @dataclass
 class Iteration:
     """One ``iter()`` over one epoch's plan, and the ledger of what it served but has not trained.
 
-    Positions count this rank's samples of the epoch, ``0 .. length``; a resumed epoch's
-    iteration starts inside (``start``). ``served`` runs ahead of ``trained`` by what the
-    loader has read ahead; ``chunks`` hold those served, untrained indices in order.
+    This rank serves the global positions ``origin + rank + k * world`` for local ``k`` in
+    ``0 .. length - 1``; ``served`` runs ahead of ``trained`` by what the loader has read ahead,
+    and ``chunks`` hold those served, untrained indices in order.
+
+    Example:
+        >>> import torch
+        >>> from leanbatch.policies import full_plan
+        >>> it = Iteration(0, full_plan(0, 10), world=2, rank=1, origin=0, length=5)
+        >>> it.add(torch.tensor([7, 3, 9])); it.take(2, indices=True).tolist(), it.global_trained
+        ([7, 3], 4)
+        >>> it.scored(3)   # rank 1's positions 5, 7 and 9 are inside the 10 kept samples
+        3
     """
 
     epoch: int
     plan: Plan
-    key: int  # of the serving order
-    length: int
-    start: int
-    served: int
-    trained: int
+    world: int
+    rank: int
+    origin: int  # the global position this iteration started at
+    length: int  # local samples it serves
+    served: int = 0
+    trained: int = 0
     chunks: deque[Tensor] = field(default_factory=deque)
-    head: int = 0  # position of chunks[0][0]
-    head_end: int = 0  # position just past chunks[0]
+    head: int = 0  # local position of chunks[0][0]
+    head_end: int = 0  # local position just past chunks[0]
     ran_out: bool = False  # the consumer pulled past its last sample
     batch: int = 0  # size of its first update (update(loss) checks later ones against it)
-    perm: KeyedPermutation | None = None  # the epoch's serving order
-
-    def __post_init__(self) -> None:
-        self.perm = KeyedPermutation(self.plan.num_kept, self.key)
-        self.head = self.head_end = self.served
 
     @property
     def done(self) -> bool:
-        """Every sample of the epoch has been trained."""
+        """Every sample of the iteration has been trained."""
         return self.trained == self.length
+
+    @property
+    def in_flight(self) -> int:
+        """Served samples not trained yet."""
+        return self.served - self.trained
+
+    @property
+    def global_trained(self) -> int:
+        """The epoch's global position reached: ``origin + trained * world``, at most the kept count."""
+        return min(self.plan.num_kept, self.origin + self.trained * self.world)
+
+    def scored(self, n: int) -> int:
+        """How many of the next ``n`` local samples are not padding (padding repeats samples at the end)."""
+        inside = -(-(self.plan.num_kept - self.origin - self.rank) // self.world)  # positions < kept
+        return min(n, max(0, inside - self.trained))
 
     def add(self, indices: Tensor) -> None:
         """Record the next served chunk of dataset indices."""
@@ -82,3 +103,71 @@ class Iteration:
             if not need:
                 break
         return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+class Fetches:
+    """The sizes of the batches a DataLoader fetched through the dataset, to check updates against.
+
+    In this process (no worker processes) the sizes queue up in fetch order, which is the order
+    the batches are trained in; worker processes share only the largest (through a shared-memory
+    tensor made by :meth:`track`, before they start). An update without indices is then checked
+    against the batch it trains, so a loss of the wrong length fails before a score lands on a
+    wrong sample.
+
+    Example:
+        >>> from leanbatch.policies import full_plan
+        >>> f = Fetches()
+        >>> f.fetched(4)
+        >>> it = Iteration(0, full_plan(0, 8), world=1, rank=0, origin=0, length=8)
+        >>> try:
+        ...     f.check(it, 3, implicit=True)
+        ... except ValueError as e:
+        ...     print(str(e).split(" (")[0])
+        loss has 3 entries but the batches of this epoch have 4
+    """
+
+    def __init__(self) -> None:
+        self._owner = os.getpid()
+        self._queue: deque[int] = deque()
+        self._largest: Tensor | None = None
+
+    def track(self) -> None:
+        """Share the largest fetched size with worker processes (call before they start)."""
+        if self._largest is None:
+            self._largest = torch.zeros(1, dtype=torch.int64).share_memory_()
+
+    def fetched(self, n: int) -> None:
+        """A batch of ``n`` samples was fetched (``Dataset.__getitems__``)."""
+        if os.getpid() == self._owner:
+            self._queue.append(n)
+        elif self._largest is not None and n > int(self._largest):
+            self._largest.fill_(n)
+
+    def trained(self) -> None:
+        """The oldest fetched batch was trained."""
+        if self._queue:
+            self._queue.popleft()
+
+    def clear(self) -> None:
+        """Forget what was fetched (an abandoned iteration's batches are never trained)."""
+        self._queue.clear()
+        if self._largest is not None:
+            self._largest.zero_()
+
+    def check(self, it: Iteration, n: int, implicit: bool) -> None:
+        """Refuse an update of ``n`` samples from ``it`` that is not the size of the batch it trains."""
+        last = it.trained + n == it.length  # a short last batch ends the iteration
+        if self._queue:
+            expected = self._queue[0]
+        else:
+            shared = 0 if self._largest is None else int(self._largest)
+            expected = shared or (it.batch if implicit else 0)
+            if last and n <= expected:
+                expected = n
+        if expected and n != expected:
+            raise ValueError(
+                f"loss has {n} entries but the batches of this epoch have {expected} (the one it trains "
+                "included): pass one loss per sample of the batch, in order (reduction='none', nothing "
+                "filtered out), one update() per batch; for a subset of the batch pass its rows: "
+                "update(loss, indices, positions=rows)"
+            )

@@ -32,6 +32,7 @@ __all__ = [
     "DEFAULT_SEED",
     "Generators",
     "canonical_device",
+    "initialized",
     "is_distributed",
     "process_rank",
     "rank_seed",
@@ -41,7 +42,13 @@ __all__ = [
 DEFAULT_SEED = 1910_00762  # Selective Backprop's arXiv id: unlikely to collide with a user's data seed
 
 
-def _initialized() -> bool:
+def initialized() -> bool:
+    """Whether a ``torch.distributed`` process group is initialised in this process.
+
+    Example:
+        >>> initialized()
+        False
+    """
     return dist.is_available() and dist.is_initialized()
 
 
@@ -52,7 +59,7 @@ def process_rank(group: Any = None) -> int:
         >>> process_rank()  # no process group here
         0
     """
-    return int(dist.get_rank(group)) if _initialized() else 0
+    return int(dist.get_rank(group)) if initialized() else 0
 
 
 def world_size(group: Any = None) -> int:
@@ -62,7 +69,7 @@ def world_size(group: Any = None) -> int:
         >>> world_size()
         1
     """
-    return int(dist.get_world_size(group)) if _initialized() else 1
+    return int(dist.get_world_size(group)) if initialized() else 1
 
 
 def is_distributed(group: Any = None) -> bool:
@@ -72,7 +79,7 @@ def is_distributed(group: Any = None) -> bool:
         >>> is_distributed()
         False
     """
-    return _initialized() and dist.get_world_size(group) > 1
+    return initialized() and dist.get_world_size(group) > 1
 
 
 def rank_seed(seed: int, rank: int, *more: int) -> int:

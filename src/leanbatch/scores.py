@@ -12,34 +12,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from leanbatch.checks import check_per_sample_loss, check_saved_tensor, require
+
 __all__ = ["ScoreTable", "check_per_sample_loss"]
-
-
-def check_per_sample_loss(loss: Any, name: str = "loss") -> Tensor:
-    """Validate that ``loss`` holds one loss per example and return it.
-
-    Raises a ``TypeError``/``ValueError`` naming ``name`` and the fix when it is not
-    a tensor, is a scalar (a reduced loss), or has more than one dimension.
-
-    Example:
-        >>> import torch
-        >>> check_per_sample_loss(torch.ones(3)).shape
-        torch.Size([3])
-    """
-    if not isinstance(loss, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor of per-sample losses, got {type(loss).__name__}")
-    if loss.dim() == 0:
-        raise ValueError(
-            f"{name} is a scalar: pass per-sample losses, e.g. F.cross_entropy(logits, y, reduction='none')"
-        )
-    if loss.dim() != 1:
-        raise ValueError(
-            f"{name} must have shape (batch,), got {tuple(loss.shape)}: reduce the non-batch dimensions "
-            "first, e.g. loss.flatten(1).mean(1) (see leanbatch.per_sequence_loss for token losses)"
-        )
-    if not (loss.is_floating_point()):
-        raise TypeError(f"{name} must be a floating-point tensor, got {loss.dtype}")
-    return loss
 
 
 class ScoreTable:
@@ -181,7 +156,9 @@ class ScoreTable:
         is recorded, so a tensor modified in place before it is written raises an
         error instead of storing wrong scores; callers pass CPU indices they own
         (the sampler's, or a copy), since memory shared with numpy changes without
-        a version bump. Returns the indices as an int64 tensor on the table's device.
+        a version bump. An index equal to ``num_samples`` (the spare slot past the end) writes
+        nowhere: a row that trains but does not score, e.g. padding. Returns the indices as an
+        int64 tensor on the table's device.
         """
         if self._follow_device and losses.device != self._values.device:
             self.to(losses.device)
@@ -245,7 +222,7 @@ class ScoreTable:
         if var is not None and self._var is not None:
             self._var.scatter_(0, dest, var.index_select(0, last))
         if self._touched is not None:
-            self._touched.index_fill_(0, idx, True)
+            self._touched.index_fill_(0, dest, True)
 
     def _last_write(self, dest: Tensor) -> Tensor:
         """For each queued write, the position in this flush of the last write to the same slot.
@@ -317,24 +294,28 @@ class ScoreTable:
 
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) < 2:
             return
+        self.flush()  # queued writes mark what they touch
         if self._touched is None:  # first sync: everything this rank scored counts
-            self._touched = ~torch.isnan(self.values)
-        touched = self._touched
-        total = torch.where(touched, self.values, torch.zeros_like(self.values))
-        count = touched.to(torch.float32)
+            self._touched = torch.cat(
+                [~torch.isnan(self.values), self._values.new_zeros(1, dtype=torch.bool)]
+            )
+        touched = self._touched[: self.num_samples]
         backend = dist.get_backend(group)
         dev = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
-        total, count = total.to(dev), count.to(dev)
-        dist.all_reduce(total, group=group)
+        count = touched.to(dev, torch.float32)
         dist.all_reduce(count, group=group)
-        merged = torch.where(count > 0, total / count.clamp(min=1), self.values.to(dev))
+        # Each rank adds its score divided by the number of ranks that wrote it: the sum is their
+        # mean and cannot overflow float32, however large the losses.
+        share = torch.where(touched.to(dev), self.values.to(dev) / count.clamp(min=1), 0.0)
+        dist.all_reduce(share, group=group)
+        merged = torch.where(count > 0, share, self.values.to(dev))
         if self._var is not None:  # the variances of an index several ranks wrote are averaged too
             var = self.variances
             total_var = torch.where(touched, var, torch.zeros_like(var)).to(dev)
             dist.all_reduce(total_var, group=group)
             var.copy_(torch.where(count > 0, total_var / count.clamp(min=1), var.to(dev)))
         self.values.copy_(merged)
-        self._touched = torch.zeros_like(touched)
+        self._touched = torch.zeros_like(self._touched)
         self._unmerged = False
 
     @property
@@ -354,28 +335,47 @@ class ScoreTable:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a table saved by :meth:`state_dict`; the sizes must match."""
-        n = state.get("num_samples")
+        """Restore a table saved by :meth:`state_dict`, checked first; ``ValueError`` names the wrong key.
+
+        Example:
+            >>> import torch
+            >>> t = ScoreTable(2)
+            >>> try:
+            ...     t.load_state_dict({**t.state_dict(), "values": torch.tensor([1.0, float("inf")])})
+            ... except ValueError as e:
+            ...     print(str(e).split(":")[0])
+            state_dict['values'] must be a float tensor of shape (2,) with finite values or NaN
+        """
+        values, var, nonfinite = self._checked_state(state)
+        self._pending, self._pending_n = [], 0
+        self._unmerged = False
+        if var is not None and self._var is not None:
+            self._var = torch.cat([var.to(self._var.device, torch.float32), self._var[-1:]])
+        self._values = torch.cat([values.to(self._values.device, torch.float32), self._values[-1:]])
+        # Every rank loads the same table, so the next merge takes only what each rank writes from
+        # now on (treating the loaded scores as written would average them into fresh losses).
+        self._touched = torch.zeros(self.num_samples + 1, dtype=torch.bool, device=self._values.device)
+        self._nonfinite = torch.tensor(nonfinite, device=self._values.device)
+
+    def _checked_state(self, state: Any) -> tuple[Tensor, Tensor | None, int]:
+        """``(values, variances, nonfinite)`` of a saved state, validated against this table."""
+        state = require(state, ("num_samples", "values"), "state_dict")
+        n = state["num_samples"]
         if n != self.num_samples:
             raise ValueError(
                 f"state_dict is for {n} samples but this table has {self.num_samples}: "
                 "load a checkpoint made with the same dataset"
             )
-        values = state["values"]
-        if not isinstance(values, Tensor) or values.shape != (self.num_samples,):
-            raise ValueError("state_dict['values'] must be a float tensor of shape (num_samples,)")
-        self._pending, self._pending_n = [], 0
-        self._unmerged = False
+        values = check_saved_tensor(state, "values", (self.num_samples,))
         var = state.get("variance")
         if (var is None) != (self._var is None):
             raise ValueError(
                 "state_dict and this table disagree on variance tracking: build the table with the same "
                 "ScoreTable(..., variance=) as the one that saved it"
             )
-        if var is not None and self._var is not None:
-            self._var = torch.cat([var.to(self._var.device, torch.float32), self._var[-1:]])
-        self._values = torch.cat([values.to(self._values.device, torch.float32), self._values[-1:]])
-        # Every rank loads the same table, so the next merge takes only what each rank writes from
-        # now on (treating the loaded scores as written would average them into fresh losses).
-        self._touched = torch.zeros(self.num_samples, dtype=torch.bool, device=self._values.device)
-        self._nonfinite = torch.tensor(int(state.get("nonfinite", 0)), device=self._values.device)
+        if var is not None:
+            var = check_saved_tensor(state, "variance", (self.num_samples,), low=0.0)
+        nonfinite = state.get("nonfinite", 0)
+        if isinstance(nonfinite, bool) or not isinstance(nonfinite, int) or nonfinite < 0:
+            raise ValueError(f"state_dict['nonfinite'] must be an int >= 0, got {nonfinite!r}")
+        return values, var, nonfinite

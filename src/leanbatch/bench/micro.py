@@ -240,7 +240,7 @@ def bench_update(num_samples: int, batch_size: int, steps: int, device: str = "c
         for _ in range(n * batch_size):
             next(it)
         batches = [order[i * batch_size : (i + 1) * batch_size].to(dev) for i in range(n)]
-        weights = ds_explicit.sampler.weights_on(ds_explicit.sampler.current_plan(), dev)
+        weights = ds_explicit.sampler.current_plan().weights_on(dev)
         assert weights is not None
         return batches, weights
 

@@ -16,55 +16,11 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["sequence_scores", "token_losses", "weighted_loss"]
+from leanbatch.losses import sequence_losses, token_losses
 
-
-def token_losses(
-    logits: Tensor, labels: Tensor, shift: bool, ignore_index: int = -100
-) -> tuple[Tensor, Tensor]:
-    """Per-token cross-entropy ``(n, tokens)`` (float32, 0 where ignored) and labelled tokens per row ``(n,)``.
-
-    Args:
-        logits: ``(n, ..., vocab)``; a sequence classifier's ``(n, classes)`` works too.
-        labels: ``(n, ...)`` integer targets matching ``logits`` without its last dimension;
-            ``ignore_index`` marks prompt and padding tokens.
-        shift: causal LM: position ``t`` predicts label ``t + 1`` (the Trainer's rule).
-
-    Example:
-        >>> import torch
-        >>> logits = torch.zeros(2, 3, 5)                          # uniform: every token costs log(5)
-        >>> labels = torch.tensor([[-100, 2, 4], [-100, 1, -100]])  # prompt token, then the response
-        >>> tok, counted = token_losses(logits, labels, shift=True)
-        >>> [[round(x, 4) for x in row] for row in tok.tolist()], counted.tolist()
-        ([[1.6094, 1.6094, 0.0], [1.6094, 0.0, 0.0]], [2, 1])
-    """
-    if not isinstance(logits, Tensor) or not logits.is_floating_point():
-        raise TypeError("the model output must hold floating-point logits (outputs.logits)")
-    if not isinstance(labels, Tensor) or labels.is_floating_point():
-        raise TypeError(
-            "leanbatch.hf trains cross-entropy losses: labels must be integer class or token ids "
-            f"(-100 = ignored), got {getattr(labels, 'dtype', type(labels).__name__)}; regression and "
-            "multi-label losses are not supported"
-        )
-    if shift:
-        labels = F.pad(labels, (0, 1), value=ignore_index)[..., 1:]
-    if tuple(logits.shape[:-1]) != tuple(labels.shape):
-        raise ValueError(
-            f"logits {tuple(logits.shape)} do not match labels {tuple(labels.shape)}: expected logits of "
-            "shape labels.shape + (vocab,), one prediction per label"
-        )
-    n = labels.shape[0]
-    tok = F.cross_entropy(
-        logits.float().reshape(-1, logits.shape[-1]),
-        labels.reshape(-1).to(logits.device),
-        ignore_index=ignore_index,
-        reduction="none",
-    ).view(n, -1)
-    counted = (labels != ignore_index).reshape(n, -1).sum(dim=1).to(logits.device)
-    return tok, counted
+__all__ = ["sequence_scores", "token_losses", "weighted_loss"]  # token_losses: from leanbatch.losses
 
 
 def weighted_loss(tok: Tensor, counted: Tensor, weights: Tensor | None, num_items_in_batch: Any) -> Tensor:
@@ -91,11 +47,14 @@ def weighted_loss(tok: Tensor, counted: Tensor, weights: Tensor | None, num_item
 
 
 def sequence_scores(tok: Tensor, counted: Tensor) -> Tensor:
-    """Mean token loss per row over its labelled tokens, detached, float32 (NaN for a row without one).
+    """Each row's score: its per-sequence loss, detached, NaN for a row without a labelled token.
+
+    The score side of :mod:`leanbatch.losses`' convention (a sequence without a labelled token
+    is never scored); the adapter itself skips such rows instead of storing NaN.
 
     Example:
         >>> import torch
         >>> sequence_scores(torch.tensor([[1.0, 3.0], [0.0, 0.0]]), torch.tensor([2, 0])).tolist()
         [2.0, nan]
     """
-    return (tok.detach().sum(dim=1) / counted).to(torch.float32)
+    return torch.where(counted > 0, sequence_losses(tok.detach(), counted), float("nan"))

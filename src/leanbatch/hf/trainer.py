@@ -33,8 +33,9 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from leanbatch.hf.checks import check_setup, wrap_train_dataset
 from leanbatch.hf.data import INDEX_KEY, IndexCollator, IndexedDataset, Rows
-from leanbatch.hf.losses import sequence_scores, token_losses, weighted_loss
+from leanbatch.hf.losses import weighted_loss
 from leanbatch.infobatch import InfoBatch
+from leanbatch.losses import sequence_losses, token_losses
 from leanbatch.policies import Plan
 from leanbatch.selection import SelectiveBackprop
 
@@ -80,14 +81,26 @@ class _PlanSampler(Sampler[int]):
 
 
 class _SelectionLoss:
-    """Selective Backprop's per-sequence loss: mean token loss over labelled tokens (0 without one)."""
+    """Selective Backprop's per-sequence loss (:mod:`leanbatch.losses`: 0 without a labelled token)."""
 
     def __init__(self, shift: bool):
         self.shift = shift
 
     def __call__(self, logits: Tensor, labels: Tensor, reduction: str = "none") -> Tensor:
-        tok, counted = token_losses(logits, labels, self.shift)
-        return tok.sum(dim=1) / counted.clamp(min=1)
+        return sequence_losses(*token_losses(logits, labels, self.shift))
+
+
+def _scoring_rows(rows: Rows, first: int, kept: int, spare: int) -> Tensor:
+    """The rows' dataset indices, with ``spare`` (the score table's slot that stores nothing) for rows
+    that must not score: no labelled token, or accelerate's padding (global position ``>= kept``)."""
+    n = len(rows)
+    padding = max(0, min(n, first + n - kept))
+    if rows.all_labelled and not padding:
+        return rows.indices
+    out = torch.where(rows.labelled, rows.indices, spare)
+    if padding:
+        out[n - padding :] = spare
+    return out
 
 
 class _EpochCallback(TrainerCallback):
@@ -97,8 +110,8 @@ class _EpochCallback(TrainerCallback):
         self.infobatch = infobatch
 
     def _fix(self, state: Any) -> None:
-        epoch, pos, length, done = self.infobatch.sampler.position()
-        state.epoch = float(epoch + 1) if done else epoch + (pos / length if length else 0.0)
+        pos = self.infobatch.position
+        state.epoch = pos.epoch + pos.fraction
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self._fix(state)
@@ -136,7 +149,7 @@ class LeanbatchMixin(_Base):
         check_setup(self, ds, selective_backprop)
         self.infobatch: InfoBatch | None = ds
         self.selective_backprop: SelectiveBackprop | None = selective_backprop
-        self._lb_step: tuple[Rows, Plan] | None = None  # the micro-batch being trained
+        self._lb_step: tuple[Rows, Plan, int] | None = None  # the micro-batch being trained
         self._lb_round = 0  # samples the processes train together per micro-batch
         self._lb_first_epoch: int | None = None
         self._lb_updates_per_epoch = 1
@@ -235,8 +248,7 @@ class LeanbatchMixin(_Base):
             return state.global_step / max(
                 1, state.max_steps
             ), steps_done * self.args.gradient_accumulation_steps
-        it = ds.sampler.serving(1)
-        return ds.progress, (it.trained // max(1, self._lb_round) if it is not None else 0)
+        return ds.progress, ds.position.trained // max(1, self._lb_round)
 
     def _lb_select(self, sb: SelectiveBackprop, batch: Any, progress: float, batch_idx: int) -> Any:
         rows = batch.get(INDEX_KEY) if isinstance(batch, Mapping) else None
@@ -265,25 +277,29 @@ class LeanbatchMixin(_Base):
                 "sequences), but InfoBatch scores and weights one sequence per row; pad the batch instead"
             )
         inputs = {k: v for k, v in inputs.items() if k != INDEX_KEY}  # the model never sees them
-        plan = ds.sampler.consume(self._lb_trained(ds, len(rows)))
-        self._lb_step = (rows, plan)
+        n, first = self._lb_trained(ds, len(rows))
+        step = ds.record.prepare(n)
+        self._lb_step = (rows, step.plan, first)
         try:
-            return super().training_step(model, inputs, num_items_in_batch)
+            out = super().training_step(model, inputs, num_items_in_batch)
         finally:
             self._lb_step = None
+        ds.record.commit(n)  # after the scores were stored: the epoch's end merges them
+        return out
 
-    def _lb_trained(self, ds: InfoBatch, local: int) -> int:
-        """Samples this micro-batch trains across all processes: a global batch, less at the epoch's end."""
-        it = ds.sampler.serving(1)
-        if it is None:
+    def _lb_trained(self, ds: InfoBatch, local: int) -> tuple[int, int]:
+        """Samples this micro-batch trains across all processes (a global batch, less at the epoch's
+        end), and the global position of this process's first row."""
+        pos = ds.position
+        if ds.record.serving(1) is None or not pos.length:
             raise RuntimeError("the InfoBatch sampler is not being iterated: train with trainer.train()")
-        n = min(self._lb_round or local, it.length - it.trained)
+        n = min(self._lb_round or local, pos.length - pos.trained)
         if self.accelerator.num_processes == 1 and n != local:
             raise RuntimeError(
                 f"a batch of {local} samples arrived where the sampler's ledger expects {n}: was the "
                 "train dataloader's batch sampler replaced?"
             )
-        return n
+        return n, pos.trained + self.accelerator.process_index * local
 
     def _leanbatch_loss(self, outputs: Any, labels: Any, num_items_in_batch: Any = None) -> Tensor:
         """The ``compute_loss_func``: token losses, scores stored, sequences weighted, normalised."""
@@ -296,26 +312,25 @@ class LeanbatchMixin(_Base):
         weights = None if self._lb_step is None else self._lb_score(*self._lb_step, tok, counted)
         return weighted_loss(tok, counted, weights, num_items_in_batch)
 
-    def _lb_score(self, rows: Rows, plan: Plan, tok: Tensor, counted: Tensor) -> Tensor | None:
-        """Store each trained sequence's score; return its loss weight (``None`` = all 1)."""
+    def _lb_score(self, rows: Rows, plan: Plan, first: int, tok: Tensor, counted: Tensor) -> Tensor | None:
+        """Store each trained sequence's score; return its loss weight (``None`` = all 1).
+
+        A row scores unless it has no labelled token or it is accelerate's padding (the last
+        round of an epoch repeats batches from its start: global positions past the plan's
+        kept samples), so each sample scores at most once per epoch, on one process.
+        """
         ds = self.infobatch
         assert ds is not None
         dev = tok.device
+        scores_rows = _scoring_rows(rows, first, plan.num_kept, ds.scores.num_samples)
         kept = rows.indices
         if rows.positions is not None:
             kept = kept.to(dev, non_blocking=True).index_select(0, rows.positions.to(dev))
+            scores_rows = scores_rows.to(dev, non_blocking=True).index_select(0, rows.positions.to(dev))
         if kept.shape[0] != tok.shape[0]:
             raise RuntimeError(f"the batch has {tok.shape[0]} rows but its indices say {kept.shape[0]}")
-        scores = sequence_scores(tok, counted)
-        if rows.all_labelled:
-            ds.scores.update(kept, scores)
-        else:  # a sequence without a labelled token gets no score (read on the CPU; a sync only here)
-            labelled = rows.labelled
-            if rows.positions is not None:
-                labelled = labelled.index_select(0, rows.positions.cpu())
-            has = labelled.nonzero().squeeze(1)
-            ds.scores.update(kept.index_select(0, has.to(kept.device)), scores.index_select(0, has.to(dev)))
-        w = ds.sampler.weights_on(plan, dev)
+        ds.scores.store(scores_rows, sequence_losses(tok.detach(), counted), check=False)
+        w = plan.weights_on(dev)
         return None if w is None else w.index_select(0, kept.to(dev, non_blocking=True))
 
     # ------------------------------------------------------------------ schedule

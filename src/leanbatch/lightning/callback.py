@@ -19,10 +19,10 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.utils.data import DataLoader
 
+from leanbatch.checks import check_per_sample_loss
 from leanbatch.infobatch import InfoBatch
 from leanbatch.lightning import loop
 from leanbatch.lightning.data import EpochSampler, WithIndex, join_index, split_index
-from leanbatch.scores import check_per_sample_loss
 from leanbatch.selection import SelectiveBackprop
 
 __all__ = ["LeanBatchCallback"]
@@ -240,7 +240,7 @@ class LeanBatchCallback(pl.Callback):
             return
         dl = loop.train_loader(trainer, self.sampler, self.dataset)
         ready = loop.batches_done(trainer)  # restored by a resume: batches of Lightning's epoch done
-        if ready and self.infobatch.sampler.position()[1] == 0:
+        if ready and self.infobatch.position.trained == 0:
             loop.set_epoch_length(trainer, ready, closing=True)  # that epoch was fully trained
         else:
             loop.set_epoch_length(trainer, len(dl))
@@ -277,8 +277,6 @@ class LeanBatchCallback(pl.Callback):
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         ib, sb = self.infobatch, self.selective_backprop
-        if ib is not None:
-            ib.scores.sync(ib.sampler.process_group)  # DDP: every rank holds the same scores now
         if not self.log_stats:
             return
         metrics: dict[str, float] = {}
@@ -314,7 +312,7 @@ class LeanBatchCallback(pl.Callback):
         """The pruning and selection state: tensors and plain values (a DDP collective: scores merged)."""
         ib, sb = self.infobatch, self.selective_backprop
         if ib is not None:
-            ib.scores.sync(ib.sampler.process_group)  # the checkpoint holds every rank's scores
+            ib.record.merge()  # every rank saves: the checkpoint holds every rank's scores
         return {
             "version": 1,
             "infobatch": None if ib is None else ib.state_dict(),

@@ -124,14 +124,15 @@ class EpochSampler(Sampler[int]):
         self.num_epochs = num_epochs
 
     def __iter__(self) -> Iterator[int]:
+        if self._over():
+            return iter(())  # training is over (a resumed finished fit): nothing to plan or serve
         return iter(self.sampler)
 
     def __len__(self) -> int:
-        if self.num_epochs is not None and self.sampler.epoch >= self.num_epochs:
-            return 0  # training is over: no epoch to plan
-        left = len(self.sampler)  # plans the epoch if it is not planned yet
-        _, _, length, finished = self.sampler.position()
-        return length if length and not finished else left
+        return 0 if self._over() else self.sampler.record.epoch_length()
+
+    def _over(self) -> bool:
+        return self.num_epochs is not None and self.sampler.epoch >= self.num_epochs
 
     def set_epoch(self, epoch: int) -> None:
         """Forwarded to the wrapped sampler (Lightning calls it at every epoch start)."""

@@ -19,11 +19,13 @@ weight is the inverse of the conditional inclusion probability,
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
+
+from leanbatch.checks import check_epochs, check_ratio, check_saved_tensor
 
 __all__ = [
     "Plan",
@@ -67,6 +69,7 @@ class Plan:
     weights: Tensor | None
     threshold: float | None
     pruning: bool
+    _on_device: dict[torch.device, Tensor] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def num_kept(self) -> int:
@@ -77,6 +80,90 @@ class Plan:
     def num_pruned(self) -> int:
         """Samples skipped this epoch."""
         return self.num_samples - self.num_kept
+
+    def weights_on(self, device: torch.device | str) -> Tensor | None:
+        """The weights on ``device`` (copied once per device, asynchronously); ``None`` for all 1.
+
+        Example:
+            >>> import torch
+            >>> p = plan_from_keep(0, torch.tensor([True, False]), torch.tensor([2.0, 1.0]))
+            >>> p.weights_on("cpu") is p.weights_on("cpu"), full_plan(0, 3).weights_on("cpu")
+            (True, None)
+        """
+        if self.weights is None:
+            return None
+        dev = torch.device(device)
+        w = self._on_device.get(dev)
+        if w is None:
+            w = self.weights if self.weights.device == dev else self.weights.to(dev, non_blocking=True)
+            self._on_device[dev] = w
+        return w
+
+    def state_dict(self) -> dict[str, Any]:
+        """Tensors and plain values (loads with ``torch.load(weights_only=True)``).
+
+        Example:
+            >>> Plan.from_state(full_plan(2, 5).state_dict(), num_samples=5).epoch
+            2
+        """
+        return {
+            "epoch": self.epoch,
+            "num_samples": self.num_samples,
+            "kept": self.kept,
+            "weights": self.weights,
+            "threshold": self.threshold,
+            "pruning": self.pruning,
+        }
+
+    @staticmethod
+    def from_state(state: Any, num_samples: int, name: str = "plan") -> Plan:
+        """A plan from :meth:`state_dict`, validated; ``ValueError`` naming the key that is wrong.
+
+        Example:
+            >>> import torch
+            >>> bad = {**full_plan(0, 3).state_dict(), "weights": torch.tensor([1.0, float("nan"), 1.0])}
+            >>> try:
+            ...     Plan.from_state(bad, num_samples=3)
+            ... except ValueError as e:
+            ...     print(str(e).split(":")[0])
+            plan['weights'] must hold finite loss weights >= 1, shape (3,)
+        """
+        return _plan_from_state(state, num_samples, name)
+
+
+def _plan_from_state(state: Any, n: int, name: str) -> Plan:
+    """Validate a saved plan against a dataset of ``n`` samples (see :meth:`Plan.from_state`)."""
+    if not isinstance(state, dict):
+        raise ValueError(f"{name} must be a dict saved by Plan.state_dict(), got {type(state).__name__}")
+    missing = [
+        k for k in ("epoch", "num_samples", "kept", "weights", "threshold", "pruning") if k not in state
+    ]
+    if missing:
+        raise ValueError(f"{name} lacks the key(s) {missing}: it was not saved by this version of leanbatch")
+    epoch, size, kept, weights = state["epoch"], state["num_samples"], state["kept"], state["weights"]
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+        raise ValueError(f"{name}['epoch'] must be an int >= 0, got {epoch!r}")
+    if size != n:
+        raise ValueError(f"{name}['num_samples'] is {size!r} but the dataset has {n} samples")
+    if kept is not None:
+        ok = (
+            isinstance(kept, Tensor) and kept.dim() == 1 and not kept.is_floating_point() and kept.numel() > 0
+        )
+        if not ok or int(kept.min()) < 0 or int(kept.max()) >= n or bool((kept[1:] <= kept[:-1]).any()):
+            raise ValueError(
+                f"{name}['kept'] must be a non-empty sorted 1-D integer tensor of distinct indices in [0, {n})"
+            )
+    if weights is not None:
+        try:
+            check_saved_tensor(state, "weights", (n,), nan=False, low=1.0)
+        except ValueError:
+            raise ValueError(f"{name}['weights'] must hold finite loss weights >= 1, shape ({n},)") from None
+    threshold = state["threshold"]
+    if threshold is not None and not (isinstance(threshold, (int, float)) and math.isfinite(threshold)):
+        raise ValueError(f"{name}['threshold'] must be None or a finite number, got {threshold!r}")
+    return Plan(
+        epoch, n, kept, weights, None if threshold is None else float(threshold), bool(state["pruning"])
+    )
 
 
 class Policy(Protocol):
@@ -112,41 +199,6 @@ def pruning_epochs(num_epochs: int, delta: float) -> int:
         (8, 7)
     """
     return math.floor(delta * num_epochs + 1e-9)
-
-
-def check_epochs(num_epochs: object, delta: object) -> None:
-    """Raise ``ValueError`` naming ``num_epochs`` or ``delta`` unless both are valid.
-
-    Example:
-        >>> check_epochs(8, 0.875)
-        >>> try:
-        ...     check_epochs(8, 0.0)
-        ... except ValueError as e:
-        ...     print(str(e).split(":")[0])
-        delta must be in (0, 1], got 0.0
-    """
-    if isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 1:
-        raise ValueError(f"num_epochs must be an int >= 1, got {num_epochs!r}")
-    if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not (0.0 < delta <= 1.0):
-        raise ValueError(
-            f"delta must be in (0, 1], got {delta!r}: epochs at or after delta * num_epochs train on "
-            "all data (0.875 is InfoBatch's default)"
-        )
-
-
-def check_ratio(value: object, name: str, meaning: str, low_open: bool = False) -> float:
-    """``value`` as a float in [0, 1) (or (0, 1) with ``low_open``); ``ValueError`` naming ``name``.
-
-    Example:
-        >>> check_ratio(0.3, "prune_ratio", "the share pruned")
-        0.3
-    """
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-    v = float(value) if ok else math.nan  # type: ignore[arg-type]
-    if not ok or not (0.0 <= v < 1.0) or (low_open and v == 0.0):
-        interval = "(0, 1)" if low_open else "[0, 1)"
-        raise ValueError(f"{name} must be in {interval}, got {value!r}: {meaning}")
-    return v
 
 
 def _check_common(prune_ratio: float, num_epochs: int, delta: float) -> None:
@@ -267,12 +319,20 @@ def plan_from_keep(
 def mean_score(scores: Tensor) -> tuple[float | None, int]:
     """Mean of the scored entries and their count (scores hold finite losses or NaN).
 
+    A float32 sum that overflows (losses near the float32 maximum, 3e38) is redone in float64,
+    so the mean never becomes infinity (which would put every sample below it).
+
     Example:
         >>> import torch
         >>> mean_score(torch.tensor([1.0, float("nan"), 3.0]))
         (2.0, 2)
+        >>> mean_score(torch.tensor([3e38, 3e38, 1.0]))[0] < float("inf")
+        True
     """
     count = scores.numel() - int(torch.count_nonzero(torch.isnan(scores)))
     if count == 0:
         return None, 0
-    return float(scores.nansum()) / count, count
+    total = float(scores.nansum())
+    if not math.isfinite(total):  # scores are finite: only an overflowing float32 sum gets here
+        total = float(scores.nansum(dtype=torch.float64))
+    return total / count, count

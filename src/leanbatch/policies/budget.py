@@ -16,14 +16,16 @@ papers' setting, never anneals).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from leanbatch.permutation import mix_seed
 from leanbatch.policies.base import Plan, check_epochs, check_ratio, full_plan, plan_from_keep, pruning_epochs
-from leanbatch.scores import ScoreTable
+
+if TYPE_CHECKING:
+    from leanbatch.scores import ScoreTable
 
 __all__ = ["RS2Policy", "EpsilonGreedyPolicy", "UCBPolicy", "budget_size"]
 
