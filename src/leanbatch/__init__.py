@@ -3,33 +3,70 @@
 Example:
     >>> from leanbatch import InfoBatch, SelectiveBackprop, select_using_loss
     >>> from leanbatch import RS2Policy, UCBPolicy, SeTaPolicy, ProxyScorer
+
+``import leanbatch`` itself is light: each name below is imported (with torch) on first use,
+so the ``leanbatch`` command starts at once and can answer a Ctrl-C during torch's import with
+one line instead of a traceback.
 """
 
-from leanbatch.infobatch import InfoBatch
-from leanbatch.policies import (
-    EpsilonGreedyPolicy,
-    InfoBatchPolicy,
-    Plan,
-    RandomPolicy,
-    RS2Policy,
-    SeTaPolicy,
-    UCBPolicy,
-)
-from leanbatch.sampler import PrunedSampler
-from leanbatch.schedule import ProgressLR, cosine
-from leanbatch.scores import ScoreTable
-from leanbatch.selection import (
-    ProxyScorer,
-    Selection,
-    SelectiveBackprop,
-    per_sequence_loss,
-    select_by_loss_rank,
-    select_indices,
-    select_using_loss,
-    selection_losses,
-    should_selective_backprop,
-    training_progress,
-)
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from leanbatch.infobatch import InfoBatch
+    from leanbatch.policies import (
+        EpsilonGreedyPolicy,
+        InfoBatchPolicy,
+        Plan,
+        RandomPolicy,
+        RS2Policy,
+        SeTaPolicy,
+        UCBPolicy,
+    )
+    from leanbatch.sampler import PrunedSampler
+    from leanbatch.schedule import ProgressLR, cosine
+    from leanbatch.scores import ScoreTable
+    from leanbatch.selection import (
+        ProxyScorer,
+        Selection,
+        SelectiveBackprop,
+        per_sequence_loss,
+        select_by_loss_rank,
+        select_indices,
+        select_using_loss,
+        selection_losses,
+        should_selective_backprop,
+        training_progress,
+    )
+
+# where each public name lives; imported on first use by __getattr__
+_HOME = {
+    "InfoBatch": "leanbatch.infobatch",
+    "EpsilonGreedyPolicy": "leanbatch.policies",
+    "InfoBatchPolicy": "leanbatch.policies",
+    "Plan": "leanbatch.policies",
+    "RandomPolicy": "leanbatch.policies",
+    "RS2Policy": "leanbatch.policies",
+    "SeTaPolicy": "leanbatch.policies",
+    "UCBPolicy": "leanbatch.policies",
+    "PrunedSampler": "leanbatch.sampler",
+    "ProgressLR": "leanbatch.schedule",
+    "cosine": "leanbatch.schedule",
+    "ScoreTable": "leanbatch.scores",
+    "ProxyScorer": "leanbatch.selection",
+    "Selection": "leanbatch.selection",
+    "SelectiveBackprop": "leanbatch.selection",
+    "per_sequence_loss": "leanbatch.selection",
+    "select_by_loss_rank": "leanbatch.selection",
+    "select_indices": "leanbatch.selection",
+    "select_using_loss": "leanbatch.selection",
+    "selection_losses": "leanbatch.selection",
+    "should_selective_backprop": "leanbatch.selection",
+    "training_progress": "leanbatch.selection",
+}
 
 __all__ = [
     "EpsilonGreedyPolicy",
@@ -56,3 +93,20 @@ __all__ = [
     "training_progress",
 ]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name (or a subpackage, e.g. ``leanbatch.selection``) on first use."""
+    home = _HOME.get(name)
+    if home is not None:
+        value = getattr(importlib.import_module(home), name)
+    elif not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        value = importlib.import_module(f"{__name__}.{name}")
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

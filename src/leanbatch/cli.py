@@ -20,7 +20,13 @@ from typing import Any
 __all__ = ["main", "build_parser"]
 
 
-from leanbatch.cli_args import CLIError, build_parser
+from leanbatch.cli_args import (  # argparse only: torch loads inside main()
+    CLIError,
+    build_parser,
+    check_micro_options,
+    check_out_folder,
+    check_training_options,
+)
 
 
 # ---------------------------------------------------------------------------- bench
@@ -89,8 +95,9 @@ def run_bench(args: argparse.Namespace) -> int:
     """``leanbatch bench``: validate everything first, then train, report and plot."""
     import torch
 
-    from leanbatch.bench.data import load_data
+    from leanbatch.bench.data import check_image_size, load_data
     from leanbatch.bench.methods import parse_methods
+    from leanbatch.bench.outputs import RESULTS, unfinished_path
     from leanbatch.bench.presets import parse_budgets, resolve, with_budgets
     from leanbatch.bench.report import build_results, write_results
     from leanbatch.bench.train import RunResult, TrainConfig, train_interleaved, train_run, warm_up
@@ -103,14 +110,7 @@ def run_bench(args: argparse.Namespace) -> int:
     seeds = _parse_seeds(opts["seeds"])
     if epochs < 1:
         raise CLIError(f"--epochs must be >= 1, got {epochs}")
-    if args.batch_size < 1:
-        raise CLIError(f"--batch-size must be >= 1, got {args.batch_size}")
-    if args.tolerance < 0:
-        raise CLIError(f"--tolerance must be >= 0, got {args.tolerance}")
-    if not 0.0 <= args.warmup < 1.0:
-        raise CLIError(f"--warmup must be in [0, 1), got {args.warmup}")
-    if args.lr <= 0:
-        raise CLIError(f"--lr must be > 0, got {args.lr}")
+    check_training_options(args)
     defaults = {
         "prune_ratio": args.prune_ratio,
         "delta": args.delta,
@@ -130,6 +130,8 @@ def run_bench(args: argparse.Namespace) -> int:
     if out.exists() and not out.is_dir():
         raise CLIError(f"--out {out} exists and is not a folder")
     data = load_data(data_spec, args.limit_train, args.limit_test)
+    for note in data.notes:
+        print(f"leanbatch: note: {note}", flush=True)
     if args.batch_size > data.num_train:
         raise CLIError(
             f"--batch-size {args.batch_size} is larger than the training set ({data.num_train} samples)"
@@ -147,10 +149,9 @@ def run_bench(args: argparse.Namespace) -> int:
         channels_last=args.channels_last,
         augment=args.augment,
     )
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise CLIError(f"cannot create --out {out}: {e.strerror}") from None
+    scales = [m.hyperparameters()["sb_scale"] for m in methods if "sb_scale" in m.hyperparameters()]
+    check_image_size(data, cfg.resolved_augment(data), scales)
+    check_out_folder(out)
 
     config = {
         **cfg.as_dict(),
@@ -166,7 +167,8 @@ def run_bench(args: argparse.Namespace) -> int:
     }
     command = "leanbatch " + " ".join(shlex.quote(a) for a in (args.argv or []))
     bar = _progress_factory(not args.no_progress)
-    results_path = out / "results.json"
+    results_path = out / RESULTS
+    unfinished = unfinished_path(out)  # a result from before is only replaced by a complete one
     print(
         f"leanbatch bench: {data.name} ({data.num_train} train / {data.num_test} test, "
         f"{tuple(data.x_train.shape[1:])}), model {config['model']}, {epochs} epochs, batch {cfg.batch_size}, "
@@ -188,9 +190,7 @@ def run_bench(args: argparse.Namespace) -> int:
                 f"(forwarded {tot['forward_fraction']:.2f}, backpropagated {tot['backward_fraction']:.2f})",
                 flush=True,
             )
-        write_results(
-            results_path, build_results(runs, config, data.describe(), args.tolerance, True, command)
-        )
+        write_results(unfinished, build_results(runs, config, data.describe(), args.tolerance, True, command))
 
     try:
         warm_up(data, cfg)
@@ -208,36 +208,46 @@ def run_bench(args: argparse.Namespace) -> int:
         print("leanbatch: interrupted before any run finished; nothing written", file=sys.stderr)
         return 130
     payload = build_results(runs, config, data.describe(), args.tolerance, interrupted, command)
-    written = _publish(payload, out, args.no_plots)
+    target = unfinished if interrupted else results_path
+    written = _publish(payload, target, None if args.no_plots or target != results_path else out)
+    if target != unfinished:
+        unfinished.unlink(missing_ok=True)  # this run's own per-seed saves, now complete
     print(f"\nwrote {', '.join(str(p) for p in written)} ({time.perf_counter() - t_start:.0f} s in all)")
     if interrupted:
+        kept = "" if target == results_path else f"; {results_path} from before is kept, and no plots drawn"
         print(
-            f"leanbatch: interrupted; kept the {len(runs)} finished run(s) in {results_path}", file=sys.stderr
+            f"leanbatch: interrupted; kept the {len(runs)} finished run(s) in {target}{kept}", file=sys.stderr
         )
         return 130
     return 0
 
 
-def _publish(payload: dict[str, Any], out: Path, no_plots: bool) -> list[Path]:
-    """Write results.json, print both tables (the equal-time one on ``config.clock``), draw the plots."""
+def _publish(payload: dict[str, Any], results_path: Path, plots: Path | None) -> list[Path]:
+    """Write ``results_path``, print both tables (the equal-time one on ``config.clock``), draw the
+    plots into the folder ``plots`` (None: none); every file atomically."""
     from leanbatch.bench.plots import write_plots
     from leanbatch.bench.report import format_equal_time, format_table, write_results
 
-    results_path = out / "results.json"
     write_results(results_path, payload)
     print()
     print(format_table(payload["summary"], payload["tolerance_points"]))
     print()
     cpu = payload["config"].get("clock") == "cpu"
     print(format_equal_time(payload["equal_time_cpu" if cpu else "equal_time"]))
-    return [results_path] + ([] if no_plots else write_plots(payload, out))
+    return [results_path] + ([] if plots is None else write_plots(payload, plots))
 
 
 def run_report(args: argparse.Namespace) -> int:
-    """``leanbatch report``: the tables and plots of a finished bench, recomputed from its runs."""
+    """``leanbatch report``: the tables and plots of a finished bench, recomputed from its runs.
+
+    They go to ``--out`` or to ``<name>.report/`` beside the input, and replace nothing but an
+    earlier report's output there (:func:`leanbatch.bench.outputs.check_report_folder`).
+    """
+    from leanbatch.bench.outputs import REPORT_KEY, check_report_folder, report_folder, results_file
+    from leanbatch.bench.plots import PLOT_NAMES
     from leanbatch.bench.report import read_results, rebuild
 
-    source = Path(args.results)
+    source = results_file(Path(args.results))
     try:
         payload = rebuild(read_results(source))
     except ValueError as e:
@@ -245,12 +255,18 @@ def run_report(args: argparse.Namespace) -> int:
     except (KeyError, TypeError) as e:
         raise CLIError(f"{source}: a results.json without the runs' details ({e})") from None
     payload["config"]["clock"] = args.clock
-    out = Path(args.out) if args.out else (source if source.is_dir() else source.parent)
+    payload[REPORT_KEY] = str(source)
+    out = Path(args.out) if args.out else report_folder(source)
     try:
+        if out.exists() and not out.is_dir():
+            raise CLIError(f"--out {out} exists and is not a folder")
         out.mkdir(parents=True, exist_ok=True)
+        check_report_folder(out, source, PLOT_NAMES)
     except OSError as e:
-        raise CLIError(f"cannot create --out {out}: {e.strerror}") from None
-    written = _publish(payload, out, args.no_plots)
+        raise CLIError(f"cannot write {out}: {e.strerror or e}") from None
+    except ValueError as e:
+        raise CLIError(str(e)) from None
+    written = _publish(payload, out / "results.json", None if args.no_plots else out)
     print(f"\nwrote {', '.join(str(p) for p in written)}")
     return 0
 
@@ -260,8 +276,7 @@ def run_micro(args: argparse.Namespace) -> int:
     """``leanbatch micro plan|update|select``."""
     from leanbatch.bench import micro
 
-    if args.micro is None:
-        raise CLIError("micro needs a benchmark: plan, update or select (see leanbatch micro --help)")
+    json_path = check_micro_options(args)
     if args.micro == "plan":
         sizes = _int_list(args.sizes, "--sizes", positive=True, parse=lambda v: int(float(v)))  # 1e8 too
         rows = micro.bench_plan(sizes, repeats=args.repeats, policy=args.policy)
@@ -274,16 +289,27 @@ def run_micro(args: argparse.Namespace) -> int:
         device = _resolve_device(args.device)
         rows = micro.bench_select(args.batch_size, args.steps, device)
         print(micro.format_select(rows))
-    if args.json:
-        micro.write_json(Path(args.json), args.micro, rows)
-        print(f"wrote {args.json}")
+    if json_path is not None:
+        micro.write_json(json_path, args.micro, rows)
+        print(f"wrote {json_path}")
     return 0
 
 
 # ---------------------------------------------------------------------------- entry point
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``leanbatch`` console script and ``python -m leanbatch``; returns the exit status."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    """Entry point of the ``leanbatch`` console script and ``python -m leanbatch``; returns the exit status.
+
+    Bad input is one line on stderr and status 2; Ctrl-C at any point (imports and data loading
+    included) is one line and status 130.
+    """
+    try:
+        return _main(list(sys.argv[1:] if argv is None else argv))
+    except KeyboardInterrupt:
+        print("leanbatch: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str]) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -306,12 +332,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (CLIError, DataError, MethodError, PresetError) as e:
         print(f"leanbatch: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("leanbatch: interrupted", file=sys.stderr)
-        return 130
     except BrokenPipeError:  # e.g. piped into head
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
+        return 1
+    except OSError as e:  # a write failed (disk full, a file vanished): the reason, not a traceback
+        print(f"leanbatch: error: {e}", file=sys.stderr)
         return 1
 
 

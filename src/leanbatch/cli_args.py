@@ -1,4 +1,5 @@
-"""The ``leanbatch`` command's arguments: the parser of ``bench``, ``report`` and ``micro``.
+"""The ``leanbatch`` command's arguments: the parser of ``bench``, ``report`` and ``micro``, and the
+checks of what it parsed that need more than one option or the file system (run before any work).
 
 >>> args = build_parser().parse_args(["bench", "--quick", "--seeds", "0,1"])
 >>> args.command, args.quick
@@ -8,9 +9,11 @@
 from __future__ import annotations
 
 import argparse
-from typing import NoReturn
+import math
+from pathlib import Path
+from typing import Any, NoReturn
 
-__all__ = ["CLIError", "build_parser"]
+__all__ = ["CLIError", "build_parser", "check_training_options", "check_out_folder", "check_micro_options"]
 
 
 class CLIError(Exception):
@@ -43,10 +46,14 @@ def _int(text: str) -> int:
 
 
 def _float(text: str) -> float:
+    """A finite float: ``nan`` and ``inf`` are refused here, for every float option at once."""
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -164,7 +171,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     o = b.add_argument_group("output")
-    o.add_argument("--out", default="leanbatch-results", help="folder for results.json and the plots")
+    o.add_argument(
+        "--out",
+        default="leanbatch-results",
+        help="folder for results.json and the plots; a results.json already there is replaced only by a "
+        "complete run (an interrupted one goes to results.partial.json)",
+    )
     o.add_argument(
         "--tolerance", type=_float, default=0.2, help="accuracy points below baseline for t->target"
     )
@@ -185,12 +197,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="recompute the tables and plots of a finished bench from its results.json",
         description="Read a results.json (or the folder holding it), recompute the summary and the "
         "equal-time comparison from its runs with this version, print both tables, and write the "
-        "updated results.json and plots to --out (default: the results' own folder).",
+        "updated results.json and plots to --out (default: <name>.report/ beside the results file). "
+        "It never writes over its input or a file another command wrote.",
         formatter_class=_Formatter,
     )
     r.add_argument("results", help="a results.json, or the folder that holds it")
     r.add_argument(
-        "--out", default=None, help="folder for results.json and the plots (default: the results')"
+        "--out",
+        default=None,
+        help="folder for results.json and the plots (default: <name>.report/ beside the results file)",
     )
     r.add_argument(
         "--clock", choices=("wall", "cpu"), default="wall", help="time axis of the equal-time table"
@@ -231,3 +246,121 @@ def build_parser() -> argparse.ArgumentParser:
     for p in (mp, mu, ms):
         p.add_argument("--json", default=None, help="also write the figures to this JSON file")
     return parser
+
+
+# ---------------------------------------------------------------------------- checks of parsed values
+def _option(value: Any, option: str, low: float | None = None, high: float | None = None, **kw: Any) -> float:
+    """``value`` checked by :func:`leanbatch.checks.check_real` under the option's name; CLIError if not."""
+    from leanbatch.checks import check_real
+
+    try:
+        return check_real(value, option, low, high, **kw)
+    except ValueError as e:
+        raise CLIError(str(e)) from None
+
+
+def _count(value: Any, option: str, minimum: int = 1) -> int:
+    """``value`` checked by :func:`leanbatch.checks.check_int` under the option's name; CLIError if not."""
+    from leanbatch.checks import check_int
+
+    try:
+        return check_int(value, option, minimum)
+    except (TypeError, ValueError) as e:
+        raise CLIError(str(e)) from None
+
+
+def check_training_options(args: argparse.Namespace) -> None:
+    """Raise :class:`CLIError` unless the training options every method shares are in range.
+
+    NaN and infinity never pass (the parser already refuses them; this holds for a namespace
+    built any other way too); the methods' own ranges are checked per method.
+
+    Example:
+        >>> args = build_parser().parse_args(["bench", "--momentum", "0"])
+        >>> try:
+        ...     check_training_options(args)
+        ... except CLIError as e:
+        ...     print(str(e).split(": ")[0])
+        --momentum must be a finite number in (0, 1), got 0.0
+    """
+    _count(args.batch_size, "--batch-size")
+    _option(args.lr, "--lr", 0.0, low_open=True)
+    _option(
+        args.momentum,
+        "--momentum",
+        0.0,
+        1.0,
+        low_open=True,
+        high_open=True,
+        hint="the SGD is Nesterov, which needs a momentum > 0",
+    )
+    _option(args.weight_decay, "--weight-decay", 0.0)
+    _option(args.warmup, "--warmup", 0.0, 1.0, high_open=True)
+    _option(args.tolerance, "--tolerance", 0.0)
+    for name in ("prune_ratio", "delta", "sb_keep", "sb_start", "sb_end", "sb_scale"):  # ranges: per method
+        _option(getattr(args, name), "--" + name.replace("_", "-"))
+    if args.threads is not None:
+        _count(args.threads, "--threads")
+
+
+def check_out_folder(out: Path) -> None:
+    """Create ``--out`` and raise :class:`CLIError` unless a file can be written in it and it holds
+    no results.json that is not a leanbatch result (which would be written over).
+
+    Example:
+        >>> try:
+        ...     check_out_folder(Path("/dev/null"))
+        ... except CLIError as e:
+        ...     print(e)
+        --out /dev/null exists and is not a folder
+    """
+    from leanbatch.bench.files import check_writable_folder
+    from leanbatch.bench.outputs import check_bench_out
+
+    if out.exists() and not out.is_dir():
+        raise CLIError(f"--out {out} exists and is not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        check_writable_folder(out)
+    except OSError as e:
+        raise CLIError(f"cannot write --out {out}: {e.strerror or e}") from None
+    try:
+        check_bench_out(out)
+    except ValueError as e:
+        raise CLIError(str(e)) from None
+
+
+def check_micro_options(args: argparse.Namespace) -> Path | None:
+    """The ``--json`` file of ``leanbatch micro`` (None without one), after checking, before anything
+    runs, that every count is at least 1 (a batch to select from at least 2) and the file writable.
+
+    Example:
+        >>> args = build_parser().parse_args(["micro", "update", "--steps", "0"])
+        >>> try:
+        ...     check_micro_options(args)
+        ... except CLIError as e:
+        ...     print(e)
+        --steps must be an int >= 1, got 0
+    """
+    from leanbatch.bench.files import check_target, check_writable_folder
+
+    if args.micro is None:
+        raise CLIError("micro needs a benchmark: plan, update or select (see leanbatch micro --help)")
+    for name in ("repeats", "steps", "batch_size", "num_samples"):
+        if hasattr(args, name):
+            _count(
+                getattr(args, name),
+                "--" + name.replace("_", "-"),
+                2 if args.micro == "select" and name == "batch_size" else 1,
+            )
+    if args.micro == "update" and args.batch_size > args.num_samples:
+        raise CLIError(f"--batch-size {args.batch_size} is larger than --num-samples {args.num_samples}")
+    if not args.json:
+        return None
+    path = Path(args.json)
+    try:
+        check_target(path)
+        check_writable_folder(path.parent)
+    except OSError as e:
+        raise CLIError(f"cannot write --json {path}: {e}") from None
+    return path

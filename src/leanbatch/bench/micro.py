@@ -28,6 +28,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from leanbatch.bench.data import IndexDataset
+from leanbatch.bench.files import atomic_write_text
+from leanbatch.checks import check_int
 
 __all__ = [
     "bench_plan",
@@ -166,7 +168,11 @@ def bench_plan(sizes: list[int], repeats: int = 3, policy: str = "infobatch") ->
     Each size runs in two fresh subprocesses: one times ``repeats`` plans (best reported), one
     measures resident memory: held after planning (score table + plan) and the peak while
     planning, both per sample and above the process's footprint before the scores existed.
+    ``ValueError`` for ``repeats`` or a size below 1.
     """
+    check_int(repeats, "repeats", 1)
+    for n in sizes:
+        check_int(n, "each size", 1)
     rows = []
     for n in sizes:
         row: dict[str, Any] = {"num_samples": n, "policy": policy}
@@ -215,6 +221,8 @@ def bench_update(num_samples: int, batch_size: int, steps: int, device: str = "c
     """
     from leanbatch import InfoBatch
 
+    check_int(steps, "steps", 1)
+    check_int(num_samples, "num_samples", check_int(batch_size, "batch_size", 1))
     dev = torch.device(device)
     gen = torch.Generator().manual_seed(0)
     losses = [torch.rand(batch_size, generator=gen).to(dev) for _ in range(8)]
@@ -283,10 +291,15 @@ def format_update(rows: list[dict[str, Any]]) -> str:
 
 
 def bench_select(batch_size: int, steps: int, device: str = "cpu") -> list[dict[str, Any]]:
-    """Milliseconds per step of the small CNN on 28x28 inputs: full step, selection pass, selected step."""
+    """Milliseconds per step of the small CNN on 28x28 inputs: full step, selection pass, selected step.
+
+    ``ValueError`` unless ``batch_size >= 2`` (the selected half holds a sample) and ``steps >= 1``.
+    """
     from leanbatch.bench.models import SmallCNN
     from leanbatch.selection import SelectiveBackprop, select_indices
 
+    check_int(steps, "steps", 1)
+    check_int(batch_size, "batch_size", 2)  # the selected half must hold a sample
     dev = torch.device(device)
     torch.manual_seed(0)
     model = SmallCNN(1, 10).to(dev).to(memory_format=torch.channels_last)  # type: ignore[call-overload]
@@ -347,7 +360,7 @@ def format_select(rows: list[dict[str, Any]]) -> str:
 
 
 def write_json(path: Path, kind: str, rows: list[dict[str, Any]]) -> None:
-    """Write one micro-benchmark's rows with the versions they were measured with."""
+    """Write one micro-benchmark's rows with the versions they were measured with (atomically)."""
     from leanbatch.bench.report import versions
 
-    path.write_text(json.dumps({"benchmark": kind, "versions": versions(), "rows": rows}, indent=1))
+    atomic_write_text(path, json.dumps({"benchmark": kind, "versions": versions(), "rows": rows}, indent=1))

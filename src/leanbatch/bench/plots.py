@@ -17,9 +17,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from leanbatch.bench.files import atomic_open
 from leanbatch.bench.frontier import std_of
 
-__all__ = ["write_plots"]
+__all__ = ["PLOT_NAMES", "write_plots"]
+
+PLOT_NAMES = ("accuracy_vs_time.png", "kept_per_epoch.png", "loss_histograms.png", "equal_time.png")
 
 
 def _mean_curve(runs: list[dict[str, Any]], key: str) -> list[float]:
@@ -192,10 +195,13 @@ def _label(ax: Any, xlabel: str, ylabel: str, title: str) -> None:
 
 
 def _save(fig: Any, path: Path) -> Path:
-    """Lay out, write and close ``fig``."""
+    """Lay out, write (atomically: a unique temporary file renamed over ``path``) and close ``fig``."""
     import matplotlib.pyplot as plt
 
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        fig.tight_layout()
+        with atomic_open(path) as fh:
+            fig.savefig(fh, format="png", dpi=110)
+    finally:
+        plt.close(fig)
     return path

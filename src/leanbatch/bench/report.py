@@ -33,14 +33,16 @@ budget, and ``rows``: one comparison per method, with ``per_seed`` details), ``e
 
 from __future__ import annotations
 
-import json
 import math
 import platform
 from collections.abc import Collection, Sequence
-from pathlib import Path
 from typing import Any
 
 from leanbatch.bench.frontier import equal_time, mean_of, std_of
+from leanbatch.bench.outputs import (
+    read_results,
+    write_results,
+)  # re-exported: where results.json is read and written
 from leanbatch.bench.records import EpochRecord, RunResult
 
 __all__ = [
@@ -298,41 +300,6 @@ def build_results(
         "equal_time_cpu": equal_time(runs, [m["label"] for m in config.get("methods", [])], "cpu"),
         "runs": [r.as_dict() for r in runs],  # in the order they ran
     }
-
-
-def write_results(path: Path, payload: dict[str, Any]) -> None:
-    """Write ``payload`` as JSON (atomically: a Ctrl-C mid-write leaves the old file)."""
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(_clean(payload), indent=1, allow_nan=False))
-    tmp.replace(path)
-
-
-def _clean(o: Any) -> Any:
-    """Non-finite floats become None (JSON has no NaN); tuples become lists."""
-    if isinstance(o, float):
-        return o if math.isfinite(o) else None
-    if isinstance(o, dict):
-        return {str(k): _clean(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [_clean(v) for v in o]
-    return o
-
-
-def read_results(path: Path) -> dict[str, Any]:
-    """The payload of a results.json, given the file or the folder that holds it.
-
-    Raises ``ValueError`` with a one-line reason when it is missing or not a bench results file.
-    """
-    file = path / "results.json" if path.is_dir() else path
-    try:
-        payload = json.loads(file.read_text())
-    except FileNotFoundError:
-        raise ValueError(f"{file}: no such file (give a results.json or the folder that holds it)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"{file}: cannot read as JSON ({e})") from None
-    if not isinstance(payload, dict) or not str(payload.get("schema", "")).startswith("leanbatch.bench/"):
-        raise ValueError(f"{file}: not a leanbatch bench results.json (no leanbatch.bench schema)")
-    return payload
 
 
 def rebuild(payload: dict[str, Any]) -> dict[str, Any]:
