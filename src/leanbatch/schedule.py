@@ -17,6 +17,8 @@ from typing import Any
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
+from leanbatch.checks import check_real
+
 __all__ = ["ProgressLR", "cosine"]
 
 
@@ -28,11 +30,11 @@ def cosine(warmup: float = 0.0, final: float = 0.0) -> Callable[[float], float]:
         >>> round(f(0.05), 3), f(0.1), round(f(1.0), 6)
         (0.5, 1.0, 0.0)
     """
-    if not 0.0 <= warmup < 1.0:
-        raise ValueError(f"warmup must be in [0, 1), got {warmup!r}")
+    check_real(warmup, "warmup", 0.0, 1.0, high_open=True, hint="the share of training spent warming up")
+    check_real(final, "final", 0.0, hint="the LR multiplier reached at the end of training (0 = to zero)")
 
     def f(t: float) -> float:
-        t = min(max(t, 0.0), 1.0)
+        t = min(max(check_real(t, "progress", hint="the fraction of training done, in [0, 1]"), 0.0), 1.0)
         if t < warmup:
             return t / warmup
         u = (t - warmup) / (1.0 - warmup)
@@ -70,13 +72,23 @@ class ProgressLR(LambdaLR):
             self._progress = lambda: float(progress.progress)
         else:
             raise TypeError("progress must be a callable or an object with a .progress attribute (InfoBatch)")
+        if not callable(lr_lambda):
+            raise TypeError(
+                f"lr_lambda must be a function of progress in [0, 1] returning the LR multiplier, e.g. "
+                f"leanbatch.cosine(), got {type(lr_lambda).__name__} {lr_lambda!r}"
+            )
         self._fn = lr_lambda
-        super().__init__(optimizer, lambda _step: self._fn(self._progress()))
+        super().__init__(optimizer, self._multiplier)
+
+    def _multiplier(self, _step: int) -> float:
+        """``lr_lambda(progress)``, both checked: a NaN progress or LR would silently wreck the weights."""
+        t = check_real(self._progress(), "progress", hint="the fraction of training done, in [0, 1]")
+        return check_real(self._fn(t), "lr_lambda(progress)", 0.0, hint="an LR multiplier")
 
     # The progress source and the shape are code, rebuilt by the constructor: the state holds
     # plain values only, so it saves with torch.save and loads with weights_only=True (framework
     # checkpoints: Lightning, Hugging Face).
-    _CODE = ("_fn", "_progress")
+    _CODE = ("_fn", "_progress", "_multiplier")
 
     def state_dict(self) -> dict[str, Any]:
         """``LambdaLR``'s state without the progress source and shape (plain values only).
