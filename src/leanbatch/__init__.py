@@ -2,7 +2,7 @@
 
 Example:
     >>> from leanbatch import InfoBatch, SelectiveBackprop, select_using_loss
-    >>> from leanbatch import RS2Policy, UCBPolicy, SeTaPolicy, ProxyScorer
+    >>> from leanbatch import RS2Policy, UCBPolicy, SeTaPolicy, ProxyScorer, OnlineBatchSelection
 """
 
 from leanbatch.infobatch import InfoBatch
@@ -15,10 +15,12 @@ from leanbatch.policies import (
     SeTaPolicy,
     UCBPolicy,
 )
+from leanbatch.progress import training_progress
 from leanbatch.sampler import PrunedSampler
 from leanbatch.schedule import ProgressLR, cosine
 from leanbatch.scores import ScoreTable
 from leanbatch.selection import (
+    OnlineBatchSelection,
     ProxyScorer,
     Selection,
     SelectiveBackprop,
@@ -28,13 +30,13 @@ from leanbatch.selection import (
     select_using_loss,
     selection_losses,
     should_selective_backprop,
-    training_progress,
 )
 
 __all__ = [
     "EpsilonGreedyPolicy",
     "InfoBatch",
     "InfoBatchPolicy",
+    "OnlineBatchSelection",
     "Plan",
     "ProgressLR",
     "ProxyScorer",
