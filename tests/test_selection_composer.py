@@ -14,6 +14,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from selection_helpers import cnn
 
 from leanbatch.selection import SelectiveBackprop, select_indices, select_using_loss, selection_losses
 
@@ -142,3 +143,61 @@ def test_what_composer_mis_handles_is_still_refused() -> None:
         select_using_loss([X], y, model, ones_like_loss, keep=0.5)  # Composer would index a list
     with pytest.raises(ValueError, match="one loss per example"):
         select_using_loss(X, y, model, lambda o, t, reduction="none": t.sum(), keep=0.5)
+
+
+def test_select_using_loss_keeps_rows_aligned_and_favours_high_loss() -> None:
+    torch.manual_seed(0)
+    n = 64
+    X = torch.randn(n, 1, 8, 8)
+    y = torch.arange(n)  # row id as the target
+    # a "model" whose output encodes the row's id; the loss is larger for larger ids
+    model = lambda x: x.flatten(1)[:, :1]  # noqa: E731
+    row_id = X.flatten(1)[:, :1]
+
+    def loss_fun(out: torch.Tensor, target: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+        assert reduction == "none"
+        return target.float() + 0 * out[:, 0]
+
+    hits = torch.zeros(n)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(300):
+        X_new, y_new = select_using_loss(
+            X, y, model, loss_fun, 0.5, 1, generator=g
+        )  # Composer's positional form
+        assert X_new.shape == (32, 1, 8, 8) and y_new.shape == (32,)
+        assert torch.equal(X_new.flatten(1)[:, :1], row_id[y_new])  # X and y rows still belong together
+        hits[y_new] += 1
+    assert hits[48:].mean() > 2.5 * hits[:16].mean()
+
+
+def test_select_using_loss_bad_inputs() -> None:
+    model = cnn().eval()
+    X, y = torch.randn(8, 1, 8, 8), torch.randint(0, 10, (8,))
+    flat = torch.randn(8, 64)
+    lin = nn.Linear(64, 10)
+    with pytest.raises(ValueError, match="keep"):
+        select_using_loss(X, y, model, F.cross_entropy, keep=0)
+    with pytest.raises(ValueError, match="scale_factor"):
+        select_using_loss(X, y, model, F.cross_entropy, keep=0.5, scale_factor=1.5)
+    with pytest.raises(ValueError, match="scale_factor"):  # 2-D input cannot be downsampled
+        select_using_loss(flat, y, lin, F.cross_entropy, keep=0.5, scale_factor=0.5)
+    with pytest.raises(ValueError, match="scale_factor"):  # integer images neither
+        select_using_loss(X.long(), y, model, F.cross_entropy, keep=0.5, scale_factor=0.5)
+    with pytest.raises(TypeError, match="reduction"):
+        select_using_loss(X, y, model, lambda out, target: F.cross_entropy(out, target), keep=0.5)
+    with pytest.raises(ValueError, match="one loss per example"):  # ignores reduction: a scalar
+        select_using_loss(
+            X, y, model, lambda out, target, reduction="mean": F.cross_entropy(out, target), 0.5
+        )
+    with pytest.raises(ValueError, match="per_sequence_loss"):
+        select_using_loss(X, y, model, lambda o, t, reduction="none": o, keep=0.5)
+    with pytest.raises(ValueError, match="y must"):
+        select_using_loss(X, y[:5], model, F.cross_entropy, keep=0.5)
+    with pytest.raises(TypeError, match="X must"):
+        select_using_loss([1, 2], y, model, F.cross_entropy, keep=0.5)
+    with pytest.raises(TypeError, match="generator"):
+        select_using_loss(X, y, model, F.cross_entropy, keep=0.5, generator=0)
+    with pytest.raises(ValueError, match="losses"):
+        select_indices(torch.ones(3, 2), 0.5)
+    # a loss module is adapted, not rejected
+    assert select_using_loss(X, y, model, nn.CrossEntropyLoss(), keep=0.5)[0].shape[0] == 4

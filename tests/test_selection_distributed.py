@@ -11,8 +11,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
 
+from leanbatch.rng import DEFAULT_SEED
 from leanbatch.selection import SelectiveBackprop, seed_selection, select_using_loss
-from leanbatch.selection.rng import DEFAULT_SEED
 
 WORLD, STEPS, N, SEED = 2, 50, 32, 11
 

@@ -2,7 +2,7 @@
 
 Example:
     >>> from leanbatch import InfoBatch, SelectiveBackprop, select_using_loss
-    >>> from leanbatch import RS2Policy, UCBPolicy, SeTaPolicy, ProxyScorer
+    >>> from leanbatch import RS2Policy, UCBPolicy, SeTaPolicy, ProxyScorer, OnlineBatchSelection
 
 ``import leanbatch`` itself is light: each name below is imported (with torch) on first use,
 so the ``leanbatch`` command starts at once and can answer a Ctrl-C during torch's import with
@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from leanbatch.infobatch import InfoBatch
+    from leanbatch.losses import per_sequence_loss
     from leanbatch.policies import (
         EpsilonGreedyPolicy,
         InfoBatchPolicy,
@@ -26,20 +27,20 @@ if TYPE_CHECKING:
         SeTaPolicy,
         UCBPolicy,
     )
+    from leanbatch.progress import training_progress
     from leanbatch.sampler import PrunedSampler
     from leanbatch.schedule import ProgressLR, cosine
     from leanbatch.scores import ScoreTable
     from leanbatch.selection import (
+        OnlineBatchSelection,
         ProxyScorer,
         Selection,
         SelectiveBackprop,
-        per_sequence_loss,
         select_by_loss_rank,
         select_indices,
         select_using_loss,
         selection_losses,
         should_selective_backprop,
-        training_progress,
     )
 
 # where each public name lives; imported on first use by __getattr__
@@ -56,22 +57,24 @@ _HOME = {
     "ProgressLR": "leanbatch.schedule",
     "cosine": "leanbatch.schedule",
     "ScoreTable": "leanbatch.scores",
+    "OnlineBatchSelection": "leanbatch.selection",
     "ProxyScorer": "leanbatch.selection",
     "Selection": "leanbatch.selection",
     "SelectiveBackprop": "leanbatch.selection",
-    "per_sequence_loss": "leanbatch.selection",
+    "per_sequence_loss": "leanbatch.losses",
     "select_by_loss_rank": "leanbatch.selection",
     "select_indices": "leanbatch.selection",
     "select_using_loss": "leanbatch.selection",
     "selection_losses": "leanbatch.selection",
     "should_selective_backprop": "leanbatch.selection",
-    "training_progress": "leanbatch.selection",
+    "training_progress": "leanbatch.progress",
 }
 
 __all__ = [
     "EpsilonGreedyPolicy",
     "InfoBatch",
     "InfoBatchPolicy",
+    "OnlineBatchSelection",
     "Plan",
     "ProgressLR",
     "ProxyScorer",
@@ -91,7 +94,7 @@ __all__ = [
     "selection_losses",
     "should_selective_backprop",
     "training_progress",
-]
+]  # the names of _HOME
 __version__ = "0.1.0"
 
 

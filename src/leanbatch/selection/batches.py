@@ -1,13 +1,11 @@
 """Batch structures: a tensor, a tuple/list (namedtuples too), or a dict of tensors.
 
-Selection keeps a subset of a batch's rows. Every tensor leaf whose first
-dimension is the batch size is a per-example tensor and is indexed; every other
-leaf (scalars, strings, tensors of another length) passes through unchanged. So
-extra per-example tensors the loader yields - dataset indices, InfoBatch loss
-weights, attention masks - stay aligned with the kept rows for free.
-
-The structure is rebuilt with the input's own type where possible (tuple,
-namedtuple, list, dict, OrderedDict, Hugging Face ``BatchEncoding``).
+Selection keeps a subset of a batch's rows. Every tensor leaf whose first dimension is the batch
+size is a per-example tensor and is indexed; every other leaf (scalars, strings, tensors of another
+length) passes through unchanged, so the dataset indices, InfoBatch loss weights and attention masks
+a loader yields stay aligned with the kept rows. The structure is rebuilt with the input's own type
+where possible (tuple, namedtuple, list, dict, OrderedDict, Hugging Face ``BatchEncoding``).
+:class:`BatchAccumulator` collects selected rows into full-size batches (the paper's loop).
 """
 
 from __future__ import annotations
@@ -18,11 +16,16 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["first_tensor", "index_batch", "slice_batch", "concat_batches", "is_batch"]
+from leanbatch.checks import check_int
 
 
 def is_batch(batch: Any) -> bool:
-    """Whether ``batch`` is a structure selection understands (tensor, tuple/list, mapping)."""
+    """Whether ``batch`` is a structure selection understands (tensor, tuple/list, mapping).
+
+    Example:
+        >>> is_batch((1, 2)), is_batch("text")
+        (True, False)
+    """
     return isinstance(batch, (Tensor, Mapping)) or (
         isinstance(batch, Sequence) and not isinstance(batch, str)
     )
@@ -48,7 +51,13 @@ def _rebuild_mapping(template: Mapping[Any, Any], items: dict[Any, Any]) -> Any:
 
 
 def map_leaves(batch: Any, fn: Callable[[Tensor], Any]) -> Any:
-    """Apply ``fn`` to every tensor leaf of ``batch``; non-tensor leaves pass through."""
+    """Apply ``fn`` to every tensor leaf of ``batch``; non-tensor leaves pass through.
+
+    Example:
+        >>> import torch
+        >>> map_leaves({"x": torch.ones(2), "tag": "a"}, lambda t: t * 2)["x"].tolist()
+        [2.0, 2.0]
+    """
     if isinstance(batch, Tensor):
         return fn(batch)
     if isinstance(batch, Mapping):
@@ -59,7 +68,13 @@ def map_leaves(batch: Any, fn: Callable[[Tensor], Any]) -> Any:
 
 
 def first_tensor(batch: Any) -> Tensor | None:
-    """The first tensor leaf with at least one dimension, depth first (``None`` if there is none)."""
+    """The first tensor leaf with at least one dimension, depth first (``None`` if there is none).
+
+    Example:
+        >>> import torch
+        >>> first_tensor({"n": torch.tensor(3), "x": torch.zeros(4, 2)}).shape
+        torch.Size([4, 2])
+    """
     if isinstance(batch, Tensor):
         return batch if batch.dim() > 0 else None
     values = (
@@ -104,7 +119,13 @@ def index_batch(batch: Any, positions: Tensor, n: int) -> Any:
 
 
 def slice_batch(batch: Any, start: int, stop: int, n: int) -> Any:
-    """Rows ``start:stop`` of every per-example tensor (views, no copy)."""
+    """Rows ``start:stop`` of every per-example tensor (views, no copy).
+
+    Example:
+        >>> import torch
+        >>> slice_batch((torch.arange(4), torch.arange(7)), 1, 3, 4)[0].tolist()
+        [1, 2]
+    """
     return map_leaves(batch, lambda t: t[start:stop] if _per_example(t, n) else t)
 
 
@@ -140,3 +161,57 @@ def concat_batches(batches: Sequence[Any], sizes: Sequence[int]) -> Any:
         return first
 
     return walk([head, *batches[1:]])
+
+
+class BatchAccumulator:
+    """Collect partial batches; hand out batches of exactly ``batch_size`` rows.
+
+    Counts are host-side integers, so it adds no device read of its own.
+
+    Example:
+        >>> import torch
+        >>> acc = BatchAccumulator(4)
+        >>> acc.add((torch.arange(3), torch.zeros(3)), 3)
+        >>> acc.pop() is None
+        True
+        >>> acc.add((torch.arange(3, 6), torch.ones(3)), 3)
+        >>> x, _ = acc.pop(); x.tolist()
+        [0, 1, 2, 3]
+        >>> x, _ = acc.flush(); x.tolist()
+        [4, 5]
+    """
+
+    def __init__(self, batch_size: int):
+        self.batch_size = check_int(batch_size, "batch_size", 1)
+        self._parts: list[Any] = []
+        self._sizes: list[int] = []
+
+    @property
+    def pending(self) -> int:
+        """Rows collected and not handed out yet."""
+        return sum(self._sizes)
+
+    def add(self, batch: Any, n: int) -> None:
+        """Add a batch of ``n`` rows (ignored when ``n == 0``)."""
+        if n > 0:
+            self._parts.append(batch)
+            self._sizes.append(n)
+
+    def pop(self) -> Any | None:
+        """A batch of ``batch_size`` rows if that many are pending, else ``None``."""
+        total = self.pending
+        if total < self.batch_size:
+            return None
+        whole = concat_batches(self._parts, self._sizes)
+        rest = total - self.batch_size
+        self._parts = [slice_batch(whole, self.batch_size, total, total)] if rest else []
+        self._sizes = [rest] if rest else []
+        return slice_batch(whole, 0, self.batch_size, total)
+
+    def flush(self) -> Any | None:
+        """Everything pending as one (possibly smaller) batch, or ``None`` if nothing is pending."""
+        if not self._parts:
+            return None
+        whole = concat_batches(self._parts, self._sizes)
+        self._parts, self._sizes = [], []
+        return whole

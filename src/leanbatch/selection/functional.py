@@ -22,11 +22,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from leanbatch.selection._checks import check_autocast, check_fraction, check_int
 from leanbatch.selection.batches import first_tensor, index_batch
-from leanbatch.selection.rank import num_selected, select_indices
-from leanbatch.selection.rng import resolve_generator
-from leanbatch.selection.scoring import as_per_example_loss, check_downsample, compute_losses
+from leanbatch.selection.rules import num_selected, resolve_generator, select_indices
+from leanbatch.selection.scoring import check_downsample
+from leanbatch.selection.sources import ForwardScores
 
 __all__ = ["select_using_loss", "selection_losses"]
 
@@ -114,6 +113,21 @@ def _call_with_dict(model: Callable[..., Any], X: Any) -> Any:
         ) from err
 
 
+def _forward(
+    loss_fun: Any, scale_factor: float, chunk_size: int | None, autocast: Any, eval_mode: bool
+) -> ForwardScores:
+    """The selection forward with Composer's names: the loss is ``loss_fun``, the model gets ``X`` whole."""
+    return ForwardScores(
+        scale_factor,
+        loss_fun,
+        forward_fn=_call_with_dict,
+        chunk_size=chunk_size,
+        autocast=autocast,
+        eval_mode=eval_mode,
+        loss_name="loss_fun",
+    )
+
+
 def selection_losses(
     X: Tensor,
     y: Tensor,
@@ -139,24 +153,8 @@ def selection_losses(
         >>> selection_losses(X, y, model, F.cross_entropy, scale_factor=0.5).shape
         torch.Size([8])
     """
-    scale = check_fraction(scale_factor, "scale_factor")
-    n = _check_pair(X, y, scale)
-    if chunk_size is not None:
-        check_int(chunk_size, "chunk_size", 1)
-    loss = as_per_example_loss(loss_fun, "loss_fun")
-    return compute_losses(
-        model,
-        X,
-        y,
-        loss,
-        n,
-        scale_factor=scale,
-        chunk_size=chunk_size,
-        autocast=check_autocast(autocast),
-        eval_mode=eval_mode,
-        forward=_call_with_dict,
-        name="loss_fun",
-    )
+    fwd = _forward(loss_fun, scale_factor, chunk_size, autocast, eval_mode)
+    return fwd.losses(model, X, y, _check_pair(X, y, fwd.scale_factor))
 
 
 def select_using_loss(
@@ -174,39 +172,23 @@ def select_using_loss(
 ) -> tuple[Tensor, Tensor]:
     """Keep the examples of a batch that Selective Backprop's rank rule draws (Composer's signature).
 
-    One no-grad forward pass scores every example; the losses are sorted and rank
-    position ``i`` gets weight ``((i + 0.5) / N) ** (1 / keep - 1)``;
-    ``max(1, int(keep * N))`` examples are drawn without replacement by those
-    weights (a Gumbel top-k on the device).
+    One no-grad forward scores every example; ``max(1, int(keep * N))`` are drawn without
+    replacement, rank position ``i`` (ascending loss) by weight ``((i + 0.5) / N) ** (1 / keep - 1)``.
 
     Args:
-        X: inputs, ``(N, ...)``; or a dict of them (Hugging Face style), where
-            every tensor must hold ``N`` rows (``N`` = ``len(y)``) and is cut to
-            the kept rows, while 0-d tensors and non-tensor values are kept as
-            they are. A dict needs ``scale_factor=1``.
+        X: inputs ``(N, ...)``, or a dict of them (Hugging Face style, ``N = len(y)``) passed whole
+            to ``model`` (for a bare HF model pass ``lambda X: hf_model(**X)``): its tensors of
+            ``N`` rows are cut to the kept rows, other values kept; a dict needs ``scale_factor=1``.
         y: targets, ``(N, ...)``.
-        model: the model (or any callable ``model(X) -> output``); a dict ``X``
-            is passed whole, as Composer does (for a bare Hugging Face model pass
-            ``lambda X: hf_model(**X)``).
-        loss_fun: ``loss_fun(output, target, reduction="none") -> (N,)`` losses,
-            e.g. ``F.cross_entropy``; a loss module like ``nn.CrossEntropyLoss()``
-            also works. Integer losses are ranked as floats.
-        keep: fraction of the batch to keep, in (0, 1].
-        scale_factor: in (0, 1]; below 1 the selection pass sees ``X`` downsampled
-            (linear/bilinear/trilinear for 3-D/4-D/5-D float inputs).
-        generator: ``torch.Generator`` on ``X``'s device; default: a private
-            seeded one per device (never the global RNG).
-        chunk_size: score at most this many examples per forward (memory cap).
-        autocast: ``None`` runs in the caller's autocast context; a dtype
-            (``torch.bfloat16``/``torch.float16``) or ``True`` runs under that
-            autocast; ``False`` runs in full precision.
-        eval_mode: score in eval mode (running BN statistics, no dropout).
+        loss_fun: ``loss_fun(output, target, reduction="none") -> (N,)``, e.g. ``F.cross_entropy``,
+            or a loss module; integer losses rank as floats.
+        keep: fraction kept, in (0, 1]; ``scale_factor``: in (0, 1], the selection forward sees
+            ``X`` downsampled (3-D to 5-D float inputs).
+        generator: on ``X``'s device; default: a private seeded stream (never the global RNG).
+        chunk_size, autocast, eval_mode: as in :class:`~leanbatch.selection.SelectiveBackprop`.
 
-    Returns:
-        ``(X_selected, y_selected)``, rows in their original batch order (a dict
-        ``X`` comes back as the same mapping type). When
-        every example is kept (``keep=1`` or ``N=1``) the batch is returned as is
-        and no forward pass runs.
+    Returns ``(X_selected, y_selected)``, rows in batch order (a dict ``X`` as its own mapping
+    type); with every example kept (``keep=1`` or ``N=1``) the batch as is, without a forward.
 
     Example:
         >>> import torch, torch.nn.functional as F
@@ -222,28 +204,11 @@ def select_using_loss(
         >>> X_d["task"], torch.equal(X_d["input_ids"][:, 0], 2 * y_d), len(y_d)
         ('toy', True, 4)
     """
-    scale = check_fraction(scale_factor, "scale_factor")
-    n = _check_pair(X, y, scale)
+    fwd = _forward(loss_fun, scale_factor, chunk_size, autocast, eval_mode)
+    n = _check_pair(X, y, fwd.scale_factor)
     k = num_selected(n, keep)
-    if chunk_size is not None:
-        check_int(chunk_size, "chunk_size", 1)
-    loss = as_per_example_loss(loss_fun, "loss_fun")
-    precision = check_autocast(autocast)
     resolve_generator(generator, first_tensor(X).device)  # type: ignore[union-attr]  # a wrong generator fails now, whatever the batch
     if k == n:
         return X, y
-    losses = compute_losses(
-        model,
-        X,
-        y,
-        loss,
-        n,
-        scale_factor=scale,
-        chunk_size=chunk_size,
-        autocast=precision,
-        eval_mode=eval_mode,
-        forward=_call_with_dict,
-        name="loss_fun",
-    )
-    positions = select_indices(losses, keep, generator)
+    positions = select_indices(fwd.losses(model, X, y, n), keep, generator)
     return index_batch(X, positions, n), index_batch(y, positions, n)

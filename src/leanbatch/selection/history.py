@@ -1,19 +1,11 @@
 """The paper's own selection rule: a loss percentile against recent history.
 
-Jiang et al. (2019) compare each example's loss with a ring buffer of the most
-recent losses (1,024 in the authors' code) and select it with probability
-``P = cdf ** beta`` - one independent Bernoulli draw per example - where ``cdf``
-is the loss's percentile rank among the buffered losses (the batch's own losses
-are pushed first, as in the authors' code, and ties count half, like
-``scipy.stats.percentileofscore(kind="rank")``). With ``beta = 3`` (their
-default) about a quarter of the examples are selected: for a stationary loss
-distribution ``E[cdf ** beta] = 1 / (beta + 1)``.
-
-The buffer and the draw live on the losses' device and are vectorised (one
-``searchsorted`` against the sorted buffer). The number selected varies from
-batch to batch, so turning the mask into positions reads one count from the
-device; the rank rule (:mod:`leanbatch.selection.rank`) has a fixed count and
-needs no such read.
+Jiang et al. (2019) keep each example with probability ``P = cdf ** beta`` (one Bernoulli draw
+each), ``cdf`` its loss's percentile rank among a ring buffer of recent losses (1,024 in the
+authors' code; the batch's own pushed first; ties count half, as
+``scipy.stats.percentileofscore(kind="rank")``). With ``beta = 3`` about a quarter are kept:
+``E[cdf ** beta] = 1 / (beta + 1)``. Buffer and draw are vectorised on the losses' device; as the
+count varies, turning the mask into positions reads it (the fixed-count rules need no such read).
 """
 
 from __future__ import annotations
@@ -24,11 +16,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from leanbatch.checks import check_int, check_real
 from leanbatch.scores import check_per_sample_loss
-from leanbatch.selection._checks import check_int
-from leanbatch.selection.rng import resolve_generator
+from leanbatch.selection.rules import Draw, Rule, resolve_generator
 
-__all__ = ["LossHistory"]
+__all__ = ["HistoryRule", "LossHistory"]
 
 
 class LossHistory:
@@ -63,16 +55,8 @@ class LossHistory:
         device: torch.device | str | None = None,
     ):
         self.size = check_int(size, "history_size", 1)
-        if isinstance(beta, bool) or not isinstance(beta, (int, float)):
-            raise TypeError(f"beta must be a positive float, got {beta!r}")
-        if not (math.isfinite(beta) and beta > 0):
-            raise ValueError(f"beta must be a positive finite float, got {beta!r}")
-        if isinstance(min_probability, bool) or not isinstance(min_probability, (int, float)):
-            raise TypeError(f"min_probability must be a float in [0, 1], got {min_probability!r}")
-        if not (0.0 <= float(min_probability) <= 1.0):
-            raise ValueError(f"min_probability must be in [0, 1], got {min_probability!r}")
-        self.beta = float(beta)
-        self.min_probability = float(min_probability)
+        self.beta = check_real(beta, "beta", low=0.0, low_open=True, type_error=True)
+        self.min_probability = check_real(min_probability, "min_probability", 0.0, 1.0, type_error=True)
         self._follow = device is None
         dev = torch.device("cpu") if device is None else torch.device(device)
         self.values = torch.full((self.size,), float("nan"), dtype=torch.float32, device=dev)
@@ -151,3 +135,33 @@ class LossHistory:
             raise ValueError(f"state_dict is for a history of {state.get('size')} losses, not {self.size}")
         self.values = state["values"].to(self.values.device, torch.float32).clone()
         self._next = int(state["next"])
+
+
+class HistoryRule(Rule):
+    """The paper's rule as a selector's rule: keep each row with probability ``cdf ** beta``
+    against a :class:`LossHistory` of ``size`` recent losses; the count varies (``keep`` is ``None``).
+
+    Example:
+        >>> import torch
+        >>> rule = HistoryRule(size=16, beta=1.0)
+        >>> rule.positions(torch.rand(6), Draw(6, torch.device("cpu"), torch.Generator())).dtype
+        torch.int64
+    """
+
+    name = "history"
+
+    def __init__(self, size: int = 1024, beta: float = 3.0):
+        self.history = LossHistory(size, beta)
+
+    def positions(self, scores: Tensor | None, draw: Draw) -> Tensor:
+        assert scores is not None
+        mask = self.history.sample(scores, draw.generator, at_least_one=draw.at_least_one)
+        return mask.nonzero().squeeze(1)  # reads the count: the one sync of selection, this rule's own
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"history": the ring buffer's state}``."""
+        return {"history": self.history.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the ring buffer saved by :meth:`state_dict`."""
+        self.history.load_state_dict(state["history"])

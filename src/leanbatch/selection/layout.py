@@ -1,10 +1,9 @@
 """Where the model input and the target are in a batch, how many examples it holds, and
-what :meth:`~leanbatch.selection.SelectiveBackprop.select` returns.
+what a selector's ``select`` returns.
 
-A batch is a tensor (both input and target: autoencoders), a tuple/list
-(input at position 0, target at 1 by default) or a dict (Hugging Face style:
-the target is ``"labels"`` and the model gets every other tensor as keywords).
-``input_key`` / ``target_key`` override the defaults.
+A batch is a tensor (both input and target: autoencoders), a tuple/list (input at position 0,
+target at 1 by default) or a dict (Hugging Face style: the target is ``"labels"`` and the model
+gets every other tensor as keywords). ``input_key`` / ``target_key`` override the defaults.
 """
 
 from __future__ import annotations
@@ -12,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+import torch
 from torch import Tensor
 
 from leanbatch.selection.batches import first_tensor, is_batch
 
-__all__ = ["Key", "Selection", "batch_size", "split_batch"]
-
 Key = int | str
+Keys = tuple[Key | Sequence[str] | None, Key | None]  # (input_key, target_key)
 
 
 class Selection(NamedTuple):
@@ -31,7 +30,8 @@ class Selection(NamedTuple):
             on the losses' device - or ``None`` when the batch is returned unchanged
             (outside the window, an interrupt batch, or a one-example batch).
         losses: float32 selection losses of *every* input example, shape ``(N,)``
-            (stale ones included under Stale-SB), or ``None`` when none were computed.
+            (stale or remembered ones included), or ``None`` when none were read (the
+            uniform rule, or the batch returned unchanged).
 
     Example:
         >>> import torch
@@ -103,3 +103,63 @@ def batch_size(inputs: Any, target: Any) -> int:
         shape = None if t is None else tuple(t.shape)
         raise ValueError(f"the target must hold one entry per example ({n}), got shape {shape}")
     return n
+
+
+def check_keys(input_key: Any, target_key: Any) -> Keys:
+    """``(input_key, target_key)`` if they can address a batch; ``TypeError`` naming the key otherwise.
+
+    Example:
+        >>> check_keys("x", "y")
+        ('x', 'y')
+    """
+    if input_key is not None and not isinstance(input_key, (int, str, list, tuple)):
+        raise TypeError(f"input_key must be an int, a str or a list of str, got {input_key!r}")
+    if target_key is not None and not isinstance(target_key, (int, str)):
+        raise TypeError(f"target_key must be an int or a str, got {target_key!r}")
+    return input_key, target_key
+
+
+class Rows(NamedTuple):
+    """One batch as a selector reads it: the batch, its model inputs and target, the number of
+    examples, the device of the inputs, and the dataset indices and epoch passed with it.
+
+    Example:
+        >>> import torch
+        >>> read_rows((torch.zeros(3, 2), torch.ones(3)), (None, None)).n
+        3
+    """
+
+    batch: Any
+    inputs: Any
+    target: Any
+    n: int
+    device: torch.device
+    indices: Tensor | None = None
+    epoch: int | None = None
+
+
+def read_rows(batch: Any, keys: Keys | None, indices: Tensor | None = None, epoch: int | None = None) -> Rows:
+    """Split ``batch`` by ``keys`` into a :class:`Rows`; ``keys=None``: no model input to find,
+    the batch holds ``N`` rows along its first tensor's first dimension.
+
+    Example:
+        >>> import torch
+        >>> rows = read_rows({"ids": torch.zeros(4, 3), "text": "x"}, None)
+        >>> rows.n, rows.target is None
+        (4, True)
+    """
+    if keys is None:
+        if not is_batch(batch):
+            raise TypeError(
+                f"a batch must be a tensor, a tuple/list or a dict of tensors, got {type(batch).__name__}"
+            )
+        inputs, target = batch, None
+        lead = first_tensor(batch)
+        if lead is None:
+            raise ValueError("the batch holds no tensor with a batch dimension")
+        n = int(lead.shape[0])
+    else:
+        inputs, target = split_batch(batch, *keys)
+        n = batch_size(inputs, target)
+        lead = first_tensor(inputs)
+    return Rows(batch, inputs, target, n, lead.device, indices, epoch)  # type: ignore[union-attr]

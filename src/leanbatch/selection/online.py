@@ -1,111 +1,84 @@
-"""Online batch selection by loss rank (Loshchilov & Hutter, 2015), batch-level and forward-free.
+"""Online batch selection (Loshchilov & Hutter, 2015), batch-level and forward-free.
 
-Every example of a loaded batch is ranked by the *last known* loss of its dataset
-index (a :class:`~leanbatch.scores.ScoreTable`: losses of earlier training steps, no
-extra forward pass). The example of rank ``r`` (``r = 0``: the largest loss) is drawn
-with weight ``s ** (-r / N)``, so the probability falls exponentially with the rank and
-the hardest example is about ``s`` times more likely than the easiest: ``s`` is the
-*selection pressure* (``s = 1`` is uniform). ``k = max(1, int(keep * N))`` examples are
-drawn without replacement (a Gumbel top-k on the device: no host sync).
-
-Examples never scored count as the hardest (their loss is unknown, as in Stale-SB);
-ties - all unscored examples in the first epoch, for one - are broken uniformly at
-random. The paper lets the pressure decay exponentially during training, from
-``s_e0`` to ``s_end``; :func:`pressure_at` gives that schedule.
+Every example of a loaded batch is ranked by the loss its dataset index had *the last time it was
+trained* (a memory of last losses: no extra forward pass), and ``max(1, int(keep * N))`` are drawn
+with probabilities falling exponentially with the hardness rank: the hardest is ``pressure``
+times as likely as the easiest (:func:`~leanbatch.selection.rules.select_by_loss_rank`). Examples
+never trained count as the hardest; ties are broken at random.
 """
 
 from __future__ import annotations
 
-import math
+from leanbatch.scores import ScoreTable
+from leanbatch.selection.rules import LossRankRule
+from leanbatch.selection.schedule import Window
+from leanbatch.selection.selector import Selector
+from leanbatch.selection.sources import MemoryScores
 
-import torch
-from torch import Tensor
-
-from leanbatch.scores import check_per_sample_loss
-from leanbatch.selection._checks import rankable_losses
-from leanbatch.selection.rank import gumbel_top_k, num_selected
-from leanbatch.selection.rng import resolve_generator
-
-__all__ = ["check_pressure", "loss_rank_weights", "pressure_at", "select_by_loss_rank"]
+__all__ = ["OnlineBatchSelection"]
 
 
-def check_pressure(value: object, name: str = "selection_pressure") -> float:
-    """``value`` as a float >= 1; ``ValueError`` naming ``name`` otherwise.
-
-    Example:
-        >>> check_pressure(100)
-        100.0
-    """
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (1.0 <= value < math.inf):
-        raise ValueError(
-            f"{name} must be a finite float >= 1 (the hardest example's odds over the easiest; 1 = "
-            f"uniform, 100 is Loshchilov & Hutter's s_e0), got {value!r}"
-        )
-    return float(value)
-
-
-def pressure_at(progress: float, start: float, end: float | None = None) -> float:
-    """The selection pressure at ``progress`` in [0, 1]: ``start * (end / start) ** progress``.
-
-    Example:
-        >>> round(pressure_at(0.5, 100.0, 1.0), 9), pressure_at(0.5, 100.0)
-        (10.0, 100.0)
-    """
-    if end is None or end == start:
-        return start
-    t = min(max(float(progress), 0.0), 1.0)
-    return float(math.exp(math.log(start) + t * (math.log(end) - math.log(start))))
-
-
-def _log_weights(n: int, pressure: float, device: torch.device) -> Tensor:
-    """Log-weights of rank positions ``0..n-1`` in ascending loss order (``n - 1``: the hardest)."""
-    hardness_rank = torch.arange(n - 1, -1, -1, device=device, dtype=torch.float32)
-    return hardness_rank * (-math.log(pressure) / n)
-
-
-def loss_rank_weights(n: int, pressure: float) -> Tensor:
-    """First-draw probabilities of rank positions ``0..n-1`` (ascending loss), summing to one.
-
-    Example:
-        >>> w = loss_rank_weights(4, 16.0)   # the hardest (position 3) is 16 ** (3/4) = 8 times the easiest
-        >>> round(float(w[3] / w[0]), 6)
-        8.0
-    """
-    pressure = check_pressure(pressure)
-    num_selected(n, 1.0)  # validates n
-    r = torch.arange(n - 1, -1, -1, dtype=torch.float64)
-    w = torch.exp(-r * math.log(pressure) / n)
-    return w / w.sum()
-
-
-def select_by_loss_rank(
-    losses: Tensor, keep: float, pressure: float, generator: torch.Generator | None = None
-) -> Tensor:
-    """Positions of the examples online batch selection keeps, ascending, on the losses' device.
+class OnlineBatchSelection(Selector):
+    """Online batch selection: keep the rows whose last trained loss ranks highest, no forward pass.
 
     Args:
-        losses: the last known loss of each example, shape ``(N,)``; NaN (never scored)
-            counts as the largest.
-        keep: fraction kept, in (0, 1]: ``k = max(1, int(keep * N))``.
-        pressure: selection pressure ``s >= 1``.
-        generator: a generator on the losses' device (default: the module's private one).
+        num_samples: dataset size, for the memory of last losses (or pass ``score_table``).
+        score_table: a :class:`~leanbatch.scores.ScoreTable` to keep them in (share InfoBatch's:
+            its ``update`` stores the trained losses, so :meth:`record_losses` is not needed).
+        keep: fraction of each batch kept, ``max(1, int(keep * N))``, in (0, 1].
+        pressure: the hardest example's odds over the easiest (Loshchilov & Hutter's ``s_e``;
+            100 = their ``s_e0``; 1 = uniform), finite, >= 1.
+        final_pressure: decay the pressure exponentially to this value at the end of training
+            (default None: constant).
+        start, end, interrupt: the schedule, as in :class:`~leanbatch.selection.SelectiveBackprop`
+            (default: every batch of the run).
+        seed, rank: the private generators, as in :class:`~leanbatch.selection.SelectiveBackprop`.
+
+    ``select(batch, progress=, batch_idx=, indices=)`` needs no model; ``indices`` are the rows'
+    dataset indices (on the CPU, as a DataLoader yields them). After the training step,
+    :meth:`record_losses` stores the trained rows' losses, which later batches are ranked by.
+    ``SelectiveBackprop(rule="loss_rank", selection_pressure=...)`` is the same method (same draws).
 
     Example:
         >>> import torch
-        >>> g = torch.Generator().manual_seed(0)
-        >>> select_by_loss_rank(torch.tensor([0.1, 9.0, 0.2, 8.0]), keep=0.5, pressure=1e6, generator=g).tolist()
-        [1, 3]
+        >>> obs = OnlineBatchSelection(num_samples=100, keep=0.25, pressure=1e9, seed=0)
+        >>> x, idx = torch.randn(8, 3), torch.arange(10, 18)
+        >>> obs.record_losses(idx[:6], torch.tensor([0.1, 0.2, 5.0, 0.3, 4.0, 0.4]))  # 16, 17: never trained
+        >>> (x_kept, idx_kept), rows, _ = obs.select((x, idx), progress=0.3, batch_idx=0, indices=idx)
+        >>> rows.tolist(), idx_kept.tolist()
+        ([6, 7], [16, 17])
+        >>> obs.record_losses(idx_kept, torch.tensor([0.01, 0.02]))
+        >>> obs.select((x, idx), progress=0.3, batch_idx=1, indices=idx).positions.tolist()
+        [2, 4]
     """
-    if isinstance(losses, Tensor):
-        losses = rankable_losses(losses, "losses")
-    losses = check_per_sample_loss(losses, "losses")
-    pressure = check_pressure(pressure)
-    n = losses.shape[0]
-    k = num_selected(n, keep)
-    gen = resolve_generator(generator, losses.device)
-    if k == n:
-        return torch.arange(n, device=losses.device)
-    shuffle = torch.randperm(n, generator=gen, device=losses.device)  # ties broken at random
-    hard = torch.nan_to_num(losses.detach().float(), nan=float("inf")).index_select(0, shuffle)
-    order = shuffle.index_select(0, torch.argsort(hard, stable=True))
-    return gumbel_top_k(order, _log_weights(n, pressure, losses.device), k, gen)
+
+    def __init__(
+        self,
+        num_samples: int | None = None,
+        *,
+        score_table: ScoreTable | None = None,
+        keep: float = 0.5,
+        pressure: float = 100.0,
+        final_pressure: float | None = None,
+        start: float = 0.0,
+        end: float = 1.0,
+        interrupt: int = 0,
+        seed: int | None = None,
+        rank: int | None = None,
+    ):
+        super().__init__(
+            Window(start, end, interrupt),
+            MemoryScores(num_samples, score_table, method="OnlineBatchSelection"),
+            LossRankRule(keep, pressure, final_pressure),
+            keys=None,
+            seed=seed,
+            rank=rank,
+        )
+
+    def __repr__(self) -> str:
+        rule = self.selection_rule
+        assert isinstance(rule, LossRankRule)
+        return (
+            f"OnlineBatchSelection(keep={rule.keep}, pressure={rule.pressure}, final_pressure={rule.final_pressure}, "
+            f"start={self.start}, end={self.end}, interrupt={self.interrupt})"
+        )

@@ -1,16 +1,9 @@
 """A cheaper scorer for batch-level selection: a small proxy model trained alongside the main one.
 
-Selective Backprop's default scorer is the main model itself, run without gradients
-on a downsampled copy of the batch. The CIFAR-10 speed records of the airbench family
-score with a *proxy* instead: a much smaller network of the same kind, trained on every
-batch it scores, whose per-example losses pick the hardest share of each (large) batch
-for the main model. The proxy costs a small forward and backward per example; the main
-model is never run for selection, so its BatchNorm statistics and modes are untouched
-by construction.
-
-:class:`ProxyScorer` holds the proxy, its own optimiser and loss, and is what
-``SelectiveBackprop(scorer=...)`` calls: ``scorer(inputs, target) -> (N,)`` losses.
-Any callable with that signature works as a scorer.
+The CIFAR-10 speed records of the airbench family score each (large) batch with a much smaller
+network of the same kind, trained on the batches it scores, and train the main model on the
+proxy's hardest share. The main model is never run for selection. :class:`ProxyScorer` is what
+``SelectiveBackprop(scorer=...)`` calls: ``scorer(inputs, target) -> (N,) losses``.
 """
 
 from __future__ import annotations
@@ -21,9 +14,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from leanbatch.selection._checks import check_fraction, check_int
+from leanbatch.checks import check_bool, check_fraction, check_int
 from leanbatch.selection.layout import batch_size
-from leanbatch.selection.rank import num_selected
+from leanbatch.selection.rules import num_selected
 from leanbatch.selection.scoring import (
     PerExampleLoss,
     as_per_example_loss,
@@ -87,8 +80,7 @@ class ProxyScorer:
             raise TypeError(
                 f"optimizer must be a torch.optim.Optimizer over the proxy's parameters, got {optimizer!r}"
             )
-        if not isinstance(train, bool):
-            raise TypeError(f"train must be a bool, got {train!r}")
+        check_bool(train, "train")
         if forward_fn is not None and not callable(forward_fn):
             raise TypeError(f"forward_fn must be callable as forward_fn(model, inputs), got {forward_fn!r}")
         self.model = model
@@ -125,7 +117,14 @@ class ProxyScorer:
         return losses.detach()
 
     def state_dict(self) -> dict[str, Any]:
-        """The proxy's weights, its optimiser state and the step count (``weights_only``-loadable)."""
+        """The proxy's weights, its optimiser state and the step count (``weights_only``-loadable).
+
+        Example:
+            >>> import torch, torch.nn.functional as F
+            >>> p = torch.nn.Linear(2, 2)
+            >>> sorted(ProxyScorer(p, torch.optim.SGD(p.parameters(), lr=0.1), F.cross_entropy).state_dict())
+            ['calls', 'model', 'optimizer', 'steps']
+        """
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),

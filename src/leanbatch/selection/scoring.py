@@ -1,24 +1,11 @@
-"""The selection forward pass: per-example losses without disturbing training.
+"""The selection forward pass: per-example losses without disturbing training, and the loss checks.
 
-What "without disturbing" means here, and how each part is kept:
-
-- no autograd graph: the pass runs under ``torch.no_grad()``;
-- BatchNorm (any ``_NormBase``: BatchNorm1d/2d/3d, SyncBatchNorm, tracked
-  InstanceNorm) running statistics and ``num_batches_tracked``: snapshotted and
-  copied back after the pass, so they are bit-for-bit what they were (Composer
-  updates them once more per step, on downsampled images);
-- the train/eval flag of every submodule: restored one by one (a model with
-  frozen BatchNorm layers keeps them frozen);
-- precision: the pass runs in the caller's autocast context by default, or in
-  the one given by ``autocast=``;
-- memory: ``chunk_size`` splits the pass so it never holds more activations
-  than a forward of ``chunk_size`` examples (no graph is kept, so a chunk costs
-  less than a training step of the same size).
-
-By default the model stays in its current mode, so the losses are those the
-training step would see (batch statistics, dropout). ``eval_mode=True`` scores
-with running statistics and no dropout instead. Either way dropout in train mode
-draws from the global RNG like any forward pass would.
+"Without disturbing" means: no autograd graph (``torch.no_grad()``); the running statistics and
+``num_batches_tracked`` of every BatchNorm-like layer (any ``_NormBase``) copied back after the
+pass; every submodule's train/eval flag restored one by one (frozen BatchNorm stays frozen);
+precision from the caller's autocast context or ``autocast=``; memory capped by ``chunk_size``.
+By default the model keeps its mode (batch statistics, dropout, as the training step sees it);
+``eval_mode=True`` scores with running statistics and no dropout instead.
 """
 
 from __future__ import annotations
@@ -26,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import inspect
+import math
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -34,19 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _NormBase
 
-from leanbatch.selection._checks import rankable_losses
 from leanbatch.selection.batches import first_tensor, map_leaves, slice_batch
-
-__all__ = [
-    "PerExampleLoss",
-    "as_per_example_loss",
-    "preserved_training_state",
-    "check_downsample",
-    "downsample",
-    "model_output",
-    "compute_losses",
-    "check_losses",
-]
 
 PerExampleLoss = Callable[[Any, Any], Tensor]
 _MODES = {3: "linear", 4: "bilinear", 5: "trilinear"}
@@ -55,15 +31,13 @@ _MODES = {3: "linear", 4: "bilinear", 5: "trilinear"}
 def as_per_example_loss(loss_fn: Any, name: str = "loss_fn") -> PerExampleLoss:
     """Adapt ``loss_fn`` to ``(output, target) -> per-example losses``.
 
-    Accepts Composer's form ``loss_fn(output, target, reduction="none")`` (e.g.
-    ``F.cross_entropy``) or a loss module such as ``nn.CrossEntropyLoss()``, which
-    is copied with ``reduction="none"``. Raises ``TypeError`` naming ``name`` when
-    the function cannot take ``reduction``.
+    Accepts Composer's form ``loss_fn(output, target, reduction="none")`` (e.g. ``F.cross_entropy``)
+    or a loss module such as ``nn.CrossEntropyLoss()`` (copied with ``reduction="none"``); a
+    ``TypeError`` naming ``name`` when the function cannot take ``reduction``.
 
     Example:
         >>> import torch, torch.nn.functional as F
-        >>> f = as_per_example_loss(F.cross_entropy)
-        >>> f(torch.zeros(3, 4), torch.tensor([0, 1, 2])).shape
+        >>> as_per_example_loss(F.cross_entropy)(torch.zeros(3, 4), torch.tensor([0, 1, 2])).shape
         torch.Size([3])
     """
     if isinstance(loss_fn, nn.modules.loss._Loss):
@@ -78,18 +52,56 @@ def as_per_example_loss(loss_fn: Any, name: str = "loss_fn") -> PerExampleLoss:
         params = inspect.signature(loss_fn).parameters.values()
     except (TypeError, ValueError):  # builtins without a signature: the dry run checks instead
         params = None
-    if params is not None:
-        takes_reduction = any(
-            p.kind is inspect.Parameter.VAR_KEYWORD
-            or (p.name == "reduction" and p.kind is not inspect.Parameter.POSITIONAL_ONLY)
-            for p in params
+    if params is not None and not any(
+        p.kind is inspect.Parameter.VAR_KEYWORD
+        or (p.name == "reduction" and p.kind is not inspect.Parameter.POSITIONAL_ONLY)
+        for p in params
+    ):
+        raise TypeError(
+            f"{name} must accept the keyword argument reduction='none' and return one loss per "
+            f"example (Composer's convention), e.g. F.cross_entropy; got {loss_fn!r}"
         )
-        if not takes_reduction:
-            raise TypeError(
-                f"{name} must accept the keyword argument reduction='none' and return one loss per "
-                f"example (Composer's convention), e.g. F.cross_entropy; got {loss_fn!r}"
-            )
     return lambda out, target: loss_fn(out, target, reduction="none")
+
+
+def rankable_losses(losses: Tensor, name: str) -> Tensor:
+    """``losses`` as floats to rank: integer losses become float32 (Composer's tests rank
+    ``torch.ones_like(target)``), float ones pass unchanged; bool and complex are refused.
+
+    Example:
+        >>> import torch
+        >>> rankable_losses(torch.tensor([3, 1]), "loss_fn")
+        tensor([3., 1.])
+    """
+    if losses.dtype == torch.bool or losses.is_complex():
+        raise TypeError(
+            f"{name} must return real per-example losses (float or integer), got {losses.dtype}: "
+            "a bool or complex tensor cannot be ranked"
+        )
+    return losses if losses.is_floating_point() else losses.float()
+
+
+def check_losses(losses: Any, n: int, name: str = "loss_fn") -> Tensor:
+    """Raise unless ``losses`` is a real tensor of shape ``(n,)``; return it as float32.
+
+    Example:
+        >>> import torch
+        >>> check_losses(torch.tensor([3, 1, 2]), 3)
+        tensor([3., 1., 2.])
+    """
+    if not isinstance(losses, Tensor):
+        raise TypeError(f"{name} must return a tensor of per-example losses, got {type(losses).__name__}")
+    if tuple(losses.shape) != (n,):
+        hint = (
+            "it returned a scalar: does it honour reduction='none'?"
+            if losses.dim() == 0
+            else "reduce the non-batch dimensions per example (for token losses use "
+            "leanbatch.per_sequence_loss)"
+        )
+        raise ValueError(
+            f"{name} must return one loss per example, shape ({n},), got {tuple(losses.shape)}: {hint}"
+        )
+    return rankable_losses(losses, name).float()
 
 
 def _norm_buffers(model: nn.Module) -> list[Tensor]:
@@ -121,11 +133,9 @@ def preserved_training_state(model: Any, eval_mode: bool = False) -> Iterator[No
         yield
         return
     modes = [(m, m.training) for m in model.modules()]
-    saved: list[tuple[Tensor, Tensor]] = []
+    saved = [] if eval_mode else [(b, b.clone()) for b in _norm_buffers(model)]
     if eval_mode:
         model.eval()
-    else:
-        saved = [(b, b.clone()) for b in _norm_buffers(model)]
     try:
         yield
     finally:
@@ -136,20 +146,39 @@ def preserved_training_state(model: Any, eval_mode: bool = False) -> Iterator[No
             m.training = flag
 
 
-def _float_leaves(inputs: Any) -> list[Tensor]:
-    found: list[Tensor] = []
-    map_leaves(inputs, lambda t: found.append(t) if t.is_floating_point() else None)
-    return found
+def _check_size(t: Tensor, scale_factor: float, name: str) -> None:
+    """Raise unless every spatial dimension of ``t`` keeps at least one pixel at ``scale_factor``."""
+    smallest = min(t.shape[2:])
+    if math.floor(float(smallest) * scale_factor) >= 1:  # F.interpolate's own output-size rule
+        return
+    usable = 1.0 / smallest
+    if math.floor(float(smallest) * usable) < 1:
+        usable = math.nextafter(usable, 2.0)
+    raise ValueError(
+        f"{name}={scale_factor} would downsample the input of shape {tuple(t.shape)} to 0 pixels along "
+        f"its {smallest}-pixel dimension: the smallest usable {name} for it is {usable:.6g} (1 / {smallest})"
+    )
 
 
 def check_downsample(inputs: Any, scale_factor: float, name: str = "scale_factor") -> None:
-    """Raise ``ValueError`` unless every float model input is 3-D to 5-D (and there is one).
+    """Raise ``ValueError`` naming ``name`` unless ``inputs`` can be downsampled by ``scale_factor``.
 
-    Integer inputs (token ids, masks) pass through undownsampled.
+    Below 1 there must be a float input, every float input must be 3-D to 5-D (integer inputs,
+    token ids and masks, pass through), and each keeps at least one pixel per dimension.
+
+    Example:
+        >>> import torch
+        >>> check_downsample(torch.zeros(2, 1, 8, 8), 0.125)
+        >>> try:
+        ...     check_downsample(torch.zeros(2, 1, 8, 8), 0.1)
+        ... except ValueError as e:
+        ...     print(str(e).split(": ")[1])
+        the smallest usable scale_factor for it is 0.125 (1 / 8)
     """
     if scale_factor >= 1.0:
         return
-    floats = _float_leaves(inputs)
+    floats: list[Tensor] = []
+    map_leaves(inputs, lambda t: floats.append(t) if t.is_floating_point() else None)
     bad = [tuple(t.shape) for t in floats if t.dim() not in _MODES]
     if not floats or bad:
         raise ValueError(
@@ -157,16 +186,25 @@ def check_downsample(inputs: Any, scale_factor: float, name: str = "scale_factor
             f"inputs of 3 to 5 dimensions (batch, channels, ...); got "
             f"{bad or 'no floating-point input'}. Use {name}=1 for this data."
         )
+    for t in floats:
+        _check_size(t, scale_factor, name)
 
 
-def downsample(inputs: Any, scale_factor: float) -> Any:
-    """Resize every float 3-D to 5-D input by ``scale_factor`` (linear/bilinear/trilinear)."""
+def downsample(inputs: Any, scale_factor: float, name: str = "scale_factor") -> Any:
+    """Resize every float 3-D to 5-D input by ``scale_factor`` (linear/bilinear/trilinear).
+
+    Example:
+        >>> import torch
+        >>> downsample({"x": torch.zeros(2, 1, 8, 8), "ids": torch.zeros(2, 5)}, 0.5)["x"].shape
+        torch.Size([2, 1, 4, 4])
+    """
     if scale_factor >= 1.0:
         return inputs
 
     def resize(t: Tensor) -> Tensor:
         if not t.is_floating_point() or t.dim() not in _MODES:
             return t
+        _check_size(t, scale_factor, name)  # a clear error before the forward, not interpolate's
         return F.interpolate(
             t,
             scale_factor=scale_factor,
@@ -179,7 +217,13 @@ def downsample(inputs: Any, scale_factor: float) -> Any:
 
 
 def model_output(out: Any) -> Any:
-    """The prediction tensor of a model output: ``out``, ``out.logits`` / ``out["logits"]``, or ``out[0]``."""
+    """The prediction tensor of a model output: ``out``, ``out.logits`` / ``out["logits"]``, or ``out[0]``.
+
+    Example:
+        >>> import torch
+        >>> model_output({"logits": torch.ones(2), "loss": None}).tolist()
+        [1.0, 1.0]
+    """
     if isinstance(out, Tensor):
         return out
     logits = getattr(out, "logits", None)
@@ -193,40 +237,16 @@ def model_output(out: Any) -> Any:
 
 
 def default_forward(model: Callable[..., Any], inputs: Any) -> Any:
-    """``model(**inputs)`` for a mapping of inputs, else ``model(inputs)``."""
-    if isinstance(inputs, Mapping):
-        return model(**inputs)
-    return model(inputs)
-
-
-def check_losses(losses: Any, n: int, name: str = "loss_fn") -> Tensor:
-    """Raise unless ``losses`` is a real tensor of shape ``(n,)``; return it as float32.
-
-    Integer losses are accepted (and ranked as floats), as Composer does.
+    """``model(**inputs)`` for a mapping of inputs, else ``model(inputs)``.
 
     Example:
-        >>> import torch
-        >>> check_losses(torch.tensor([3, 1, 2]), 3)
-        tensor([3., 1., 2.])
+        >>> default_forward(lambda a, b: a + b, {"a": 1, "b": 2}), default_forward(abs, -3)
+        (3, 3)
     """
-    if not isinstance(losses, Tensor):
-        raise TypeError(f"{name} must return a tensor of per-example losses, got {type(losses).__name__}")
-    if tuple(losses.shape) != (n,):
-        hint = (
-            "it returned a scalar: does it honour reduction='none'?"
-            if losses.dim() == 0
-            else "reduce the non-batch dimensions per example (for token losses use "
-            "leanbatch.per_sequence_loss)"
-        )
-        raise ValueError(
-            f"{name} must return one loss per example, shape ({n},), got {tuple(losses.shape)}: {hint}"
-        )
-    return rankable_losses(losses, name).float()  # integer losses (Composer's tests) rank as floats
+    return model(**inputs) if isinstance(inputs, Mapping) else model(inputs)
 
 
-def _precision(
-    autocast: torch.dtype | bool | None, device: torch.device
-) -> contextlib.AbstractContextManager[Any]:
+def _precision(autocast: torch.dtype | bool | None, device: torch.device) -> Any:
     if autocast is None:
         return contextlib.nullcontext()
     if autocast is False:
@@ -250,10 +270,17 @@ def compute_losses(
     forward: Callable[[Any, Any], Any] | None = None,
     name: str = "loss_fn",
 ) -> Tensor:
-    """Per-example float32 losses of ``n`` examples from one no-grad selection pass.
+    """Float32 ``(n,)`` losses of one no-grad selection pass (training state kept; no host sync).
 
-    ``inputs`` is what the model takes (a tensor or a mapping of keyword inputs),
-    ``target`` what the loss compares against. No host-device synchronisation.
+    ``inputs`` is what the model takes (a tensor or a mapping of keyword inputs), ``target`` what
+    the loss compares against; ``forward(model, inputs)`` defaults to :func:`default_forward`.
+
+    Example:
+        >>> import torch
+        >>> lin = torch.nn.Linear(3, 2)
+        >>> loss = as_per_example_loss(torch.nn.functional.cross_entropy)
+        >>> compute_losses(lin, torch.randn(5, 3), torch.zeros(5, dtype=torch.long), loss, 5, chunk_size=2).shape
+        torch.Size([5])
     """
     fwd = forward or default_forward
     lead = first_tensor(inputs)

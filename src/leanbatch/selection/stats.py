@@ -1,9 +1,6 @@
-"""Counters for what Selective Backprop did: forwarded, reused, backpropagated, skipped, time.
-
-Every count is a host-side integer that selection already knows (batch sizes,
-the fixed ``k`` of the rank rule, the length of a selected index tensor), so
-keeping them costs no device read. Times are only measured when asked for
-(``timing=True``), because timing a CUDA step honestly means synchronising.
+"""Counters of what selection did. Every count is a host-side integer selection already knows
+(batch sizes, the fixed ``k``, the length of the kept positions): keeping them reads nothing from
+the device. Times are measured only with ``timing=True``: timing a CUDA step means synchronising.
 """
 
 from __future__ import annotations

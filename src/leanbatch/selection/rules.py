@@ -1,0 +1,354 @@
+"""Selection rules: which rows of a batch to keep, given one score (loss) per row.
+
+Pure functions on the losses' device, and the small rule objects a selector holds: Composer's
+rank rule (weight ``((i + 0.5) / N) ** (1 / keep - 1)`` for ascending rank ``i``), online batch
+selection's loss-rank exponential (weight ``s ** (-r / N)`` for hardness rank ``r``, pressure
+``s``), top-k, and uniform, the twin every rule is compared with. Each keeps
+``k = max(1, int(keep * N))`` rows, drawn without replacement by a Gumbel top-k (Gumbel noise on
+the log-weights, the ``k`` largest: the sequential weighted draw), ``k`` known on the host: no
+host-device sync, no numpy, no global RNG. Without ``generator=`` the functions draw from one
+module-level :class:`~leanbatch.rng.Generators` stream per device (:func:`seed_selection`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, NamedTuple
+
+import torch
+from torch import Tensor
+
+from leanbatch.checks import check_fraction, check_real, check_seed
+from leanbatch.rng import Generators, canonical_device
+from leanbatch.scores import check_per_sample_loss
+from leanbatch.selection.scoring import rankable_losses
+
+_DEFAULT = Generators()  # the draws of every call without generator=: one stream per device
+_PRESSURE = "the hardest example's odds over the easiest (1 = uniform; 100 is Loshchilov & Hutter's s_e0)"
+
+
+def seed_selection(seed: int, *, rank: int | None = None) -> None:
+    """Reseed the generators used without ``generator=``: rank ``r`` draws from ``rank_seed(seed, r)``;
+    ``rank`` replaces the process group's (e.g. the data-parallel rank under tensor parallelism).
+
+    Example:
+        >>> import torch
+        >>> losses = torch.rand(16)
+        >>> seed_selection(7); a = select_indices(losses, 0.5)
+        >>> seed_selection(7); b = select_indices(losses, 0.5)
+        >>> seed_selection(7, rank=1); c = select_indices(losses, 0.5)
+        >>> torch.equal(a, b), torch.equal(a, c)
+        (True, False)
+        >>> from leanbatch.rng import DEFAULT_SEED
+        >>> seed_selection(DEFAULT_SEED)  # back to the default, the process group's rank
+    """
+    _DEFAULT.reset(check_seed(seed), rank)
+
+
+def resolve_generator(generator: Any, device: torch.device | str) -> torch.Generator:
+    """``generator`` (checked to live on ``device``), or the module's stream for ``device``.
+
+    Example:
+        >>> resolve_generator(None, "cpu").device.type
+        'cpu'
+    """
+    if generator is None:
+        return _DEFAULT.stream(device)
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    gdev, ddev = canonical_device(generator.device), canonical_device(device)
+    if gdev != ddev:
+        raise ValueError(
+            f"generator is on {gdev} but the losses are on {ddev}: sampling runs where the losses are, "
+            f"so pass torch.Generator(device='{ddev}')"
+        )
+    return generator
+
+
+def num_selected(n: int, keep: float) -> int:
+    """How many of ``n`` examples a fixed-count rule keeps: ``max(1, int(keep * n))`` (Composer:
+    ``int(keep * n)``, which keeps nothing from a small batch).
+
+    Example:
+        >>> num_selected(128, 0.5), num_selected(1, 0.5), num_selected(3, 0.3)
+        (64, 1, 1)
+    """
+    keep = check_fraction(keep, "keep")
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"the batch must hold at least one example, got n={n!r}")
+    return max(1, int(keep * n))
+
+
+def _losses(losses: Any) -> Tensor:
+    """Per-example losses to rank: a 1-D real tensor, integer losses as floats."""
+    return check_per_sample_loss(
+        rankable_losses(losses, "losses") if isinstance(losses, Tensor) else losses, "losses"
+    )
+
+
+def _setup(losses: Any, keep: float, generator: Any) -> tuple[Tensor, int, int, torch.Generator]:
+    """The checked losses, ``n``, ``k`` and the generator of a weighted draw."""
+    losses = _losses(losses)
+    k = num_selected(losses.shape[0], keep)
+    return losses, losses.shape[0], k, resolve_generator(generator, losses.device)
+
+
+def rank_weights(n: int, keep: float) -> Tensor:
+    """First-draw probabilities of rank positions ``0..n-1`` (0 = smallest loss) under the rank rule.
+
+    Example:
+        >>> [round(x, 3) for x in rank_weights(4, 0.5).tolist()]  # proportional to p = (i + 0.5) / 4
+        [0.062, 0.188, 0.312, 0.438]
+    """
+    keep = check_fraction(keep, "keep")
+    num_selected(n, keep)  # validates n
+    w = ((torch.arange(n, dtype=torch.float64) + 0.5) / n) ** (1.0 / keep - 1.0)
+    return w / w.sum()
+
+
+def gumbel_top_k(order: Tensor, log_weights: Tensor, k: int, generator: torch.Generator) -> Tensor:
+    """Draw ``k`` rank positions without replacement by ``log_weights``; their batch positions
+    (``order[i]`` holds rank position ``i``), ascending.
+
+    Example:
+        >>> import torch
+        >>> g = torch.Generator().manual_seed(0)
+        >>> gumbel_top_k(torch.tensor([2, 0, 1]), torch.tensor([0.0, 0.0, 50.0]), 1, g).tolist()  # rank 2
+        [1]
+    """
+    u = torch.rand(order.shape[0], generator=generator, device=order.device, dtype=torch.float32)
+    gumbel = -torch.log(-torch.log(u.clamp_min(torch.finfo(torch.float32).tiny)))
+    top = torch.topk(log_weights + gumbel, k, sorted=False).indices
+    return torch.sort(order.index_select(0, top)).values
+
+
+def select_indices(losses: Tensor, keep: float, generator: torch.Generator | None = None) -> Tensor:
+    """Positions (int64, ascending, on the losses' device) of the rows Composer's rank rule keeps.
+
+    Only the order of the losses matters (ties keep batch order; NaN counts as the largest).
+
+    Example:
+        >>> import torch
+        >>> losses = torch.tensor([0.1, 5.0, 0.2, 4.0, 0.3, 3.0])
+        >>> select_indices(losses, keep=0.5, generator=torch.Generator().manual_seed(0)).shape
+        torch.Size([3])
+        >>> select_indices(losses, keep=1.0).tolist()  # keep=1 keeps everything
+        [0, 1, 2, 3, 4, 5]
+    """
+    losses, n, k, gen = _setup(losses, keep, generator)
+    if k == n:
+        return torch.arange(n, device=losses.device)
+    order = torch.argsort(losses.detach(), stable=True)  # rank position -> batch position
+    pos = (torch.arange(n, device=losses.device, dtype=torch.float32) + 0.5) / n
+    return gumbel_top_k(order, torch.log(pos) * (1.0 / float(keep) - 1.0), k, gen)
+
+
+def select_hardest(losses: Tensor, keep: float) -> Tensor:
+    """Positions of the ``max(1, int(keep * N))`` largest losses, ascending (NaN counts as largest).
+
+    Example:
+        >>> import torch
+        >>> select_hardest(torch.tensor([0.1, 5.0, 0.2, 4.0]), keep=0.5).tolist()
+        [1, 3]
+    """
+    losses = _losses(losses)
+    k = num_selected(losses.shape[0], keep)
+    if k == losses.shape[0]:
+        return torch.arange(k, device=losses.device)
+    hard = torch.nan_to_num(losses.detach().float(), nan=float("inf"))
+    return torch.sort(torch.topk(hard, k, sorted=False).indices).values
+
+
+def select_uniform(
+    n: int, keep: float, generator: torch.Generator | None = None, device: torch.device | str = "cpu"
+) -> Tensor:
+    """Positions of a uniform random ``max(1, int(keep * n))`` of ``n`` rows, ascending, on ``device``.
+
+    Example:
+        >>> import torch
+        >>> select_uniform(8, 0.5, torch.Generator().manual_seed(0)).shape, select_uniform(3, 1.0).tolist()
+        (torch.Size([4]), [0, 1, 2])
+    """
+    k = num_selected(n, keep)
+    dev = torch.device(device)
+    gen = resolve_generator(generator, dev)
+    if k == n:
+        return torch.arange(n, device=dev)
+    u = torch.rand(n, generator=gen, device=dev)
+    return torch.sort(torch.topk(u, k, sorted=False).indices).values
+
+
+def _pressure(value: Any, name: str = "selection_pressure") -> float:
+    return check_real(value, name, low=1.0, hint=_PRESSURE)
+
+
+def pressure_at(progress: float, start: float, end: float | None = None) -> float:
+    """The selection pressure at ``progress`` in [0, 1]: ``start * (end / start) ** progress``.
+
+    Example:
+        >>> round(pressure_at(0.5, 100.0, 1.0), 9), pressure_at(0.5, 100.0)
+        (10.0, 100.0)
+    """
+    start = _pressure(start)
+    if end is None or end == start:
+        return start
+    end = _pressure(end, "final_pressure")
+    t = min(max(float(progress), 0.0), 1.0)
+    return float(math.exp(math.log(start) + t * (math.log(end) - math.log(start))))
+
+
+def loss_rank_weights(n: int, pressure: float) -> Tensor:
+    """First-draw probabilities of rank positions ``0..n-1`` (ascending loss) under online batch selection.
+
+    Example:
+        >>> w = loss_rank_weights(4, 16.0)   # the hardest (position 3) is 16 ** (3/4) = 8 times the easiest
+        >>> round(float(w[3] / w[0]), 6)
+        8.0
+    """
+    pressure = _pressure(pressure)
+    num_selected(n, 1.0)  # validates n
+    w = torch.exp(-torch.arange(n - 1, -1, -1, dtype=torch.float64) * math.log(pressure) / n)
+    return w / w.sum()
+
+
+def select_by_loss_rank(
+    losses: Tensor, keep: float, pressure: float, generator: torch.Generator | None = None
+) -> Tensor:
+    """Positions of the rows online batch selection keeps, ascending, on the losses' device.
+
+    ``losses``: the last known loss of each row, NaN (never scored) counting as the largest;
+    ``pressure``: the selection pressure ``s >= 1``, finite.
+
+    Example:
+        >>> import torch
+        >>> g = torch.Generator().manual_seed(0)
+        >>> select_by_loss_rank(torch.tensor([0.1, 9.0, 0.2, 8.0]), keep=0.5, pressure=1e6, generator=g).tolist()
+        [1, 3]
+    """
+    pressure = _pressure(pressure)
+    losses, n, k, gen = _setup(losses, keep, generator)
+    if k == n:
+        return torch.arange(n, device=losses.device)
+    shuffle = torch.randperm(n, generator=gen, device=losses.device)  # ties broken at random
+    hard = torch.nan_to_num(losses.detach().float(), nan=float("inf")).index_select(0, shuffle)
+    order = shuffle.index_select(0, torch.argsort(hard, stable=True))
+    hardness = torch.arange(n - 1, -1, -1, device=losses.device, dtype=torch.float32)  # n - 1: the easiest
+    return gumbel_top_k(order, hardness * (-math.log(pressure) / n), k, gen)
+
+
+class Draw(NamedTuple):
+    """What a rule may use besides the scores: batch size, device, the draw's generator (``None``
+    for a rule that does not draw), progress, and whether a varying count must keep one row.
+
+    Example:
+        >>> import torch
+        >>> Draw(8, torch.device("cpu")).progress
+        0.0
+    """
+
+    n: int
+    device: torch.device
+    generator: torch.Generator | None = None
+    progress: float = 0.0
+    at_least_one: bool = True
+
+
+class Rule:
+    """A selector's rule: ``positions(scores, draw)``; ``keep`` (``None``: the count varies),
+    ``random`` (it needs the draw's generator), ``needs_scores`` (else no source is read).
+
+    Example:
+        >>> Rule.needs_scores, RankRule(0.3).keep, UniformRule(0.3).needs_scores
+        (True, 0.3, False)
+    """
+
+    name = ""
+    keep: float | None = None
+    random = True
+    needs_scores = True
+
+    def positions(self, scores: Tensor | None, draw: Draw) -> Tensor:
+        """Positions (int64, ascending) of the rows to keep, on the scores' device (or ``draw.device``)."""
+        raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        """What to checkpoint, by name (nothing for a stateless rule)."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` saved."""
+
+
+class RankRule(Rule):
+    """Composer's rank rule keeping ``keep`` of each batch (:func:`select_indices`).
+
+    Example:
+        >>> import torch
+        >>> RankRule(0.5).positions(torch.rand(8), Draw(8, torch.device("cpu"), torch.Generator())).shape
+        torch.Size([4])
+    """
+
+    name = "rank"
+
+    def __init__(self, keep: float = 0.5):
+        self.keep: float = check_fraction(keep, "keep")
+
+    def positions(self, scores: Tensor | None, draw: Draw) -> Tensor:
+        assert scores is not None  # a selector with a scoring rule always has a source
+        return select_indices(scores, self.keep, draw.generator)
+
+
+class TopRule(RankRule):
+    """The hardest ``keep`` share of each batch, deterministic (:func:`select_hardest`).
+
+    Example:
+        >>> import torch
+        >>> TopRule(0.5).positions(torch.tensor([3.0, 1.0, 2.0, 0.0]), Draw(4, torch.device("cpu"))).tolist()
+        [0, 2]
+    """
+
+    name = "top"
+    random = False
+
+    def positions(self, scores: Tensor | None, draw: Draw) -> Tensor:
+        assert scores is not None
+        return select_hardest(scores, self.keep)
+
+
+class UniformRule(RankRule):
+    """A uniform random ``keep`` share of each batch, without scores (:func:`select_uniform`).
+
+    Example:
+        >>> import torch
+        >>> UniformRule(0.25).positions(None, Draw(8, torch.device("cpu"), torch.Generator())).shape
+        torch.Size([2])
+    """
+
+    name = "uniform"
+    needs_scores = False
+
+    def positions(self, scores: Tensor | None, draw: Draw) -> Tensor:
+        return select_uniform(draw.n, self.keep, draw.generator, draw.device)
+
+
+class LossRankRule(RankRule):
+    """Online batch selection's loss-rank exponential, ``pressure`` decaying to ``final_pressure``.
+
+    Example:
+        >>> import torch
+        >>> rule, draw = LossRankRule(0.5, pressure=1e6), Draw(4, torch.device("cpu"), torch.Generator())
+        >>> rule.positions(torch.tensor([0.1, 9.0, 0.2, 8.0]), draw).tolist()
+        [1, 3]
+    """
+
+    name = "loss_rank"
+
+    def __init__(self, keep: float = 0.5, pressure: float = 100.0, final_pressure: float | None = None):
+        super().__init__(keep)
+        self.pressure = _pressure(pressure)
+        self.final_pressure = None if final_pressure is None else _pressure(final_pressure, "final_pressure")
+
+    def positions(self, scores: Tensor | None, draw: Draw) -> Tensor:
+        assert scores is not None
+        pressure = pressure_at(draw.progress, self.pressure, self.final_pressure)
+        return select_by_loss_rank(scores, self.keep, pressure, draw.generator)
