@@ -11,6 +11,7 @@ import math
 import os
 import re
 import subprocess
+import warnings
 import sys
 from pathlib import Path
 from typing import Any
@@ -326,3 +327,64 @@ def test_misuse_is_a_clear_error_before_or_at_the_first_batch():
         lb.dataloader(batch_size=4, shuffle=True)
     with pytest.raises(ValueError, match="infobatch=.*selective_backprop="):
         LeanBatchCallback()
+
+
+def untrained_remainder_fit(tmp: Path, mode: str, ckpt: Path | None = None) -> tuple[Any, Any, list[float]]:
+    """A fit whose epochs leave planned samples untrained: the DataLoader's ``drop_last`` remainder,
+    or the batches a fractional ``limit_train_batches`` cuts; a ProgressLR; checkpoints after every
+    step and at every epoch's end."""
+    lb = callback()
+    module = make_module(lb)
+    if mode == "drop_last":
+        module.train_dataloader = lambda: lb.dataloader(batch_size=BS, drop_last=True)
+    lrs: list[float] = []
+
+    def configure_optimizers() -> Any:
+        opt = torch.optim.SGD(module.parameters(), lr=0.1)
+        sched = ProgressLR(opt, lb, cosine())
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    module.configure_optimizers = configure_optimizers
+    module.on_train_batch_end = lambda *a: lrs.append(module.optimizers().param_groups[0]["lr"])
+    savers = [
+        Saver(dirpath=tmp, filename="s{step}", every_n_train_steps=1, save_top_k=-1),
+        Saver(dirpath=tmp, filename="end{epoch}", save_on_train_epoch_end=True, save_top_k=-1),
+    ]
+    limit = {"limit_train_batches": 0.8} if mode == "limit" else {}
+    make_trainer([lb, *(savers if ckpt is None else [])], **limit).fit(module, ckpt_path=ckpt)
+    return lb, module, lrs
+
+
+@pytest.mark.parametrize("mode", ["drop_last", "limit"])
+def test_resume_at_an_epoch_end_with_untrained_planned_samples_trains_the_next_epoch_whole(tmp_path, mode):
+    """Lightning reads the loader's length once at a restart and does not call ``iter()`` again for
+    the first resumed epoch: the length it reads must be the next epoch's, not the remainder's."""
+    lb, module, lrs = untrained_remainder_fit(tmp_path, mode)
+    per_epoch = lengths(module.rows)
+    last_of_2 = sum(per_epoch[:3])  # the step checkpoint after the last batch of pruned epoch 2
+    for ckpt in (tmp_path / "endepoch=2.ckpt", tmp_path / f"s{last_of_2}.ckpt".replace("s", "sstep=")):
+        assert ckpt.exists(), sorted(p.name for p in tmp_path.iterdir())
+        lb2, module2, lrs2 = untrained_remainder_fit(tmp_path / "resumed", mode, ckpt)
+        assert lengths(module2.rows) == [0, 0, 0, per_epoch[3]], ckpt.name  # the last epoch, whole
+        assert module2.rows == module.rows[last_of_2:], ckpt.name
+        assert lb2.progress == lb.progress == 1.0 and lrs2[-1] == lrs[-1], ckpt.name
+        assert lb2.infobatch.epoch_stats == lb.infobatch.epoch_stats, ckpt.name
+
+
+def test_fit_from_the_last_checkpoint_of_a_finished_fit_plans_and_trains_nothing(tmp_path):
+    """The cluster pattern "always pass the last checkpoint": with worker processes, which pull from
+    the sampler as soon as Lightning makes the loader's iterator, no epoch past num_epochs is planned."""
+    lb = callback()
+    module = make_module(lb, workers=2)
+    make_trainer([lb, Saver(dirpath=tmp_path, filename="end{epoch}", save_on_train_epoch_end=True)]).fit(
+        module
+    )
+    last = tmp_path / f"endepoch={EPOCHS - 1}.ckpt"
+    lb2 = callback()
+    module2 = make_module(lb2, workers=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # not even the "all epochs are trained" warning
+        make_trainer([lb2]).fit(module2, ckpt_path=last)
+    assert module2.rows == []
+    assert lb2.infobatch.epoch_stats == lb.infobatch.epoch_stats  # no extra epoch planned
+    assert lb2.infobatch.position == lb.infobatch.position and lb2.progress == 1.0

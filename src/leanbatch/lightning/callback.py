@@ -274,6 +274,11 @@ class LeanBatchCallback(pl.Callback):
                 f"training_step called lb.loss() {calls['loss']} times for this batch: return "
                 "lb.loss(per_sample_loss, idx) once per batch (it stores the scores and weights the loss)"
             )
+        if self.infobatch is not None and batch_idx + 1 >= trainer.num_training_batches:
+            # Lightning's epoch is over: planned samples it will not train (a DataLoader's drop_last
+            # remainder, a fractional limit_train_batches) are given up now, so a checkpoint saved
+            # from here on resumes in the next epoch, with its full length (see loop.py).
+            self.infobatch.set_epoch(trainer.current_epoch + 1)
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         ib, sb = self.infobatch, self.selective_backprop
