@@ -11,8 +11,8 @@ import math
 import os
 import re
 import subprocess
-import warnings
 import sys
+import warnings
 from pathlib import Path
 from typing import Any
 
