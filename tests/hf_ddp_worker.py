@@ -2,6 +2,10 @@
 
 Trains a tiny Llama with InfoBatch and Selective Backprop stacked through the real Trainer
 and accelerate, then writes what this process saw to ``<out>/rank<r>.pt``.
+
+``python hf_ddp_worker.py OUT [SAVE_STEPS [RESUME_FROM]]``: save a checkpoint every
+``SAVE_STEPS`` steps (0: none), and resume from the checkpoint folder ``RESUME_FROM``. The
+scores are not merged by hand at the end: the trainer merges them.
 """
 
 from __future__ import annotations
@@ -11,25 +15,27 @@ import sys
 import torch
 
 
-def main(out: str) -> None:
+def main(out: str, save_steps: int = 0, resume: str | None = None) -> None:
     torch.set_num_threads(1)
     from hf_setup import PadCollator, Recorder, instruction_data, params, tiny_model, training_args
 
     from leanbatch import InfoBatch, SelectiveBackprop
 
     data = instruction_data(30, seed=3)
-    ds = InfoBatch(data, 3, prune_ratio=0.6, delta=0.67, seed=7, shard=False)
+    ds = InfoBatch(data, 3, prune_ratio=0.6, delta=0.67, seed=10, shard=False)
     sb = SelectiveBackprop(start=0.3, end=0.9, keep=0.5, scale_factor=1.0, interrupt=2, seed=1)
-    args = training_args(f"{out}/run", num_train_epochs=3, gradient_accumulation_steps=2, learning_rate=1e-2)
+    saving = {"save_strategy": "steps", "save_steps": save_steps} if save_steps else {}
+    args = training_args(
+        f"{out}/run", num_train_epochs=3, gradient_accumulation_steps=2, learning_rate=1e-2, **saving
+    )
     trainer = Recorder(
-        model=tiny_model(0),
+        model=tiny_model(0 if resume is None else 1),  # a resumed run must not depend on its initial weights
         args=args,
         train_dataset=ds,
         data_collator=PadCollator(),
         selective_backprop=sb,
     )
-    trainer.train()
-    ds.scores.sync()  # planning merges the scores; the last epoch's are merged here
+    trainer.train(resume_from_checkpoint=resume)
     result = {
         "world": trainer.accelerator.num_processes,
         "micro": trainer.micro,
@@ -43,7 +49,11 @@ def main(out: str) -> None:
         "selected_batches": sb.stats.selected_batches,
     }
     torch.save(result, f"{out}/rank{trainer.args.process_index}.pt")
+    import torch.distributed as dist
+
+    if dist.is_initialized():  # a gloo group left to the interpreter's exit can abort it
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], *(int(a) if a.isdigit() else a for a in sys.argv[2:]))  # type: ignore[arg-type]

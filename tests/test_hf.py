@@ -345,3 +345,24 @@ def test_packed_batches_are_refused(tmp_path):
     )
     with pytest.raises(ValueError, match="pad the batch instead"):
         trainer.train()
+
+
+def test_a_subclass_whose_compute_loss_skips_leanbatch_is_an_error_at_the_first_step(tmp_path):
+    """A ``compute_loss`` that returns the model's own loss never reaches leanbatch's: nothing would be
+    scored, every sample kept, and the run would look like InfoBatch while being the baseline."""
+
+    class OwnLoss(Trainer):
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            outputs = model(**inputs)
+            return (outputs.loss, outputs) if return_outputs else outputs.loss
+
+    trainer = leanbatch_trainer(OwnLoss)(
+        model=tiny_model(),
+        args=training_args(str(tmp_path), num_train_epochs=2),
+        train_dataset=instruction_data(N),
+        data_collator=PadCollator(),
+        infobatch={"prune_ratio": 0.5, "delta": 1.0, "seed": 0},
+    )
+    with pytest.raises(RuntimeError, match=r"compute_loss did not go through leanbatch's loss"):
+        trainer.train()
+    assert trainer.state.global_step == 0 and trainer.infobatch.position.trained == 0

@@ -10,26 +10,33 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def test_two_processes_share_plans_scores_and_epochs(tmp_path):
+def torchrun(out: Path, *options: str) -> tuple[dict, dict]:
+    """``hf_ddp_worker.py OUT *options`` on 2 processes; what each saved."""
     env = dict(
         os.environ, OMP_NUM_THREADS="1", PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", "")
     )
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
     run = subprocess.run(
-        [*cmd, os.path.join(HERE, "hf_ddp_worker.py"), str(tmp_path)],
+        [*cmd, os.path.join(HERE, "hf_ddp_worker.py"), str(out), *options],
         env=env,
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert run.returncode == 0, run.stderr[-3000:]
-    a, b = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2))
+    a, b = (torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2))
+    return a, b
+
+
+def test_two_processes_share_plans_scores_and_epochs(tmp_path):
+    a, b = torchrun(tmp_path)
     assert a["world"] == b["world"] == 2
     # one global plan, identical on both processes, pruned in the pruning epoch only
     assert a["plans"] == b["plans"] and a["epoch_stats"] == b["epoch_stats"]
@@ -50,9 +57,36 @@ def test_two_processes_share_plans_scores_and_epochs(tmp_path):
         tokens[m["step"]] = tokens.get(m["step"], 0) + m["labels_kept"]
     assert all(m["num_items"] == tokens[m["step"]] for m in a["micro"] + b["micro"])
     assert a["selected_batches"] == b["selected_batches"] > 0
-    # merged scores identical on both processes; each epoch counted once, to the end
+    # merged scores identical on both processes (the trainer merges them: the worker does not); each
+    # epoch counted once, to the end
     torch.testing.assert_close(a["scores"], b["scores"], rtol=0, atol=0, equal_nan=True)
     assert int(torch.isnan(a["scores"]).sum()) == 1  # the example without a labelled token
     assert a["epoch"] == b["epoch"] == 3.0 and a["progress"] == b["progress"] == 1.0
     assert a["global_step"] == b["global_step"]
     assert torch.equal(a["params"], b["params"])
+
+
+def same_run(x: dict, y: dict, from_epoch: int = 0) -> None:
+    assert x["epoch_stats"] == y["epoch_stats"]
+    assert {e: p for e, p in x["plans"].items() if e >= from_epoch} == y["plans"]
+    torch.testing.assert_close(x["scores"], y["scores"], rtol=0, atol=0, equal_nan=True)
+    assert torch.equal(x["params"], y["params"]) and x["global_step"] == y["global_step"]
+
+
+def test_checkpoints_change_nothing_and_a_mid_epoch_resume_equals_the_uninterrupted_run(tmp_path):
+    """Saving every step merges the processes' scores at every step; padding (accelerate's last
+    round, here the sampler's own whole rounds) trains but does not score, so no merge order can
+    change a score. A resume inside a pruned epoch whose kept count is not a whole number of
+    rounds then trains the same padding rows as the uninterrupted run."""
+    plain = torchrun(tmp_path / "plain")
+    saving = torchrun(tmp_path / "saving", "1")
+    for x, y in zip(plain, saving, strict=True):
+        same_run(x, y)
+    stats = plain[0]["epoch_stats"]
+    assert stats[1]["pruning"] and stats[1]["kept"] % 8 != 0  # 2 processes x batches of 4
+    pruned = [m["step"] for m in plain[0]["micro"] if m["epoch"] == 1]
+    step = pruned[len(pruned) // 2]  # inside the pruned epoch
+    resumed = torchrun(tmp_path / "resumed", "1", str(tmp_path / "saving" / "run" / f"checkpoint-{step}"))
+    for x, y in zip(plain, resumed, strict=True):
+        same_run(x, y, from_epoch=1)
+        assert y["micro"] == [m for m in x["micro"] if m["step"] >= step]

@@ -159,6 +159,22 @@ class TrainingRecord:
             return 0
         return self.sharding.local_length(self.plan().num_kept, start)
 
+    def left(self) -> int:
+        """Samples of the iteration being trained that are not trained yet (0 without one)."""
+        it = self._live()
+        return 0 if it is None else it.length - it.trained
+
+    def set_round(self, size: int, drop_last: bool = False) -> None:
+        """Serve every epoch in whole rounds of ``size`` samples per rank: padded, wrapping to the
+        epoch's start, or with ``drop_last`` truncated.
+
+        For a framework that shards the *batches* of one global order (accelerate: ``size`` =
+        processes x batch size): it then never pads the last round itself, from the start of
+        its current pass, which after a mid-epoch resume is not the epoch's start.
+        """
+        self.sharding.multiple = check_int(size, "size", 1)
+        self.sharding.drop_last = bool(drop_last)
+
     def epoch_length(self) -> int:
         """Samples this rank serves in the whole epoch training stands in (its trained part included)."""
         if self._next()[0] >= self.num_epochs and self._live() is None:

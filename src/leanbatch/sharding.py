@@ -53,6 +53,7 @@ class Sharding:
     drop_last: bool = False
     process_group: Any = None
     shard: bool = True
+    multiple: int = 1  # each rank's share of an epoch is padded (or truncated) to a multiple of this
 
     def __post_init__(self) -> None:
         if self.num_replicas is not None:
@@ -66,6 +67,7 @@ class Sharding:
                 raise ValueError(f"rank must be in [0, num_replicas={self.num_replicas}), got {self.rank!r}")
         check_bool(self.shard, "shard")
         check_bool(self.drop_last, "drop_last")
+        check_int(self.multiple, "multiple", 1)
         if not self.shard and (self.num_replicas not in (None, 1) or self.rank not in (None, 0)):
             raise ValueError(
                 "shard=False serves the whole plan on every process (the framework shards the batches), "
@@ -83,10 +85,16 @@ class Sharding:
         return world, rank
 
     def local_length(self, kept: int, start: int, world: int | None = None) -> int:
-        """Samples one rank serves of the positions ``start .. kept - 1`` (equal on every rank)."""
+        """Samples one rank serves of the positions ``start .. kept - 1`` (equal on every rank).
+
+        The positions left are padded (or, with ``drop_last``, truncated) to whole rounds of
+        ``world * multiple`` samples, so every rank serves as many, in whole multiples.
+        """
         w = self.resolve()[0] if world is None else world
+        unit = w * self.multiple
         left = max(0, kept - start)
-        return left // w if self.drop_last else math.ceil(left / w)
+        rounds = left // unit if self.drop_last else math.ceil(left / unit)
+        return rounds * self.multiple
 
     @staticmethod
     def positions(start: int, rank: int, count: int, world: int, first: int = 0) -> Tensor:

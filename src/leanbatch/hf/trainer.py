@@ -190,6 +190,11 @@ class LeanbatchMixin(_Base):
         )
         total = getattr(loader, "total_batch_size", None)
         self._lb_round = int(total) if total else self._train_batch_size * self.accelerator.num_processes
+        # Several processes: whole rounds of their batches, so accelerate never pads the last round
+        # itself (from the start of its current pass, which after a mid-epoch resume is not the
+        # epoch's start). One process trains a short last batch as it is.
+        several = self.accelerator.num_processes > 1
+        ds.record.set_round(self._lb_round if several else 1, drop_last=self.args.dataloader_drop_last)
         return loader
 
     # ------------------------------------------------------------------ epochs
@@ -282,6 +287,14 @@ class LeanbatchMixin(_Base):
         self._lb_step = (rows, step.plan, first)
         try:
             out = super().training_step(model, inputs, num_items_in_batch)
+            if self._lb_step is not None:  # the loss function never ran: nothing scored or weighted
+                raise RuntimeError(
+                    f"{type(self).__name__}.compute_loss did not go through leanbatch's loss, so no sample "
+                    "was scored or weighted and InfoBatch would silently keep everything: call "
+                    "super().compute_loss(model, inputs, return_outputs, num_items_in_batch) from your "
+                    "compute_loss, or compute the loss with self.compute_loss_func(outputs, labels, "
+                    "num_items_in_batch=num_items_in_batch)"
+                )
         finally:
             self._lb_step = None
         ds.record.commit(n)  # after the scores were stored: the epoch's end merges them
@@ -290,16 +303,16 @@ class LeanbatchMixin(_Base):
     def _lb_trained(self, ds: InfoBatch, local: int) -> tuple[int, int]:
         """Samples this micro-batch trains across all processes (a global batch, less at the epoch's
         end), and the global position of this process's first row."""
-        pos = ds.position
-        if ds.record.serving(1) is None or not pos.length:
+        left = ds.record.left()
+        if not left:
             raise RuntimeError("the InfoBatch sampler is not being iterated: train with trainer.train()")
-        n = min(self._lb_round or local, pos.length - pos.trained)
+        n = min(self._lb_round or local, left)
         if self.accelerator.num_processes == 1 and n != local:
             raise RuntimeError(
                 f"a batch of {local} samples arrived where the sampler's ledger expects {n}: was the "
                 "train dataloader's batch sampler replaced?"
             )
-        return n, pos.trained + self.accelerator.process_index * local
+        return n, ds.position.trained + self.accelerator.process_index * local
 
     def _leanbatch_loss(self, outputs: Any, labels: Any, num_items_in_batch: Any = None) -> Tensor:
         """The ``compute_loss_func``: token losses, scores stored, sequences weighted, normalised."""
@@ -309,7 +322,10 @@ class LeanbatchMixin(_Base):
         if labels is None:
             raise ValueError("leanbatch.hf needs labels in every training batch (batch key 'labels')")
         tok, counted = token_losses(logits, labels, self._loss_shifts_labels)
-        weights = None if self._lb_step is None else self._lb_score(*self._lb_step, tok, counted)
+        weights = None
+        if self._lb_step is not None:
+            weights = self._lb_score(*self._lb_step, tok, counted)
+            self._lb_step = None  # scored once: the training step checks it was
         return weighted_loss(tok, counted, weights, num_items_in_batch)
 
     def _lb_score(self, rows: Rows, plan: Plan, first: int, tok: Tensor, counted: Tensor) -> Tensor | None:
