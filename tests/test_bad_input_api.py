@@ -60,7 +60,7 @@ def test_a_short_last_batch_is_still_accepted():
 def test_training_past_num_epochs_serves_nothing_says_so_and_an_update_is_an_error():
     ds = InfoBatch(data(8), 2, seed=0)
     loader = DataLoader(ds, batch_size=4, sampler=ds.sampler)
-    for epoch in range(2):
+    for _ in range(2):
         for (x,) in loader:
             ds.update(fake_loss(x))
     assert ds.progress == 1.0 and len(loader) == 0
