@@ -12,6 +12,7 @@ from test_policies import SCORE_KINDS, scores_of
 from leanbatch.policies import (
     EpsilonGreedyPolicy,
     InfoBatchPolicy,
+    LossRankPolicy,
     RandomPolicy,
     RS2Policy,
     SeTaPolicy,
@@ -211,6 +212,7 @@ ALL_POLICIES = {
     "rs2": lambda r: RS2Policy(r, 4),
     "epsilon-greedy": lambda r: EpsilonGreedyPolicy(r, 4, epsilon=0.3),
     "seta": lambda r: SeTaPolicy(r, 4, num_groups=3, window_scale=0.5, delta=0.75),
+    "loss-rank": lambda r: LossRankPolicy(1.0 - r, 4, pressure=100.0, final_pressure=2.0),
 }
 
 
@@ -234,6 +236,8 @@ def test_every_policy_plans_a_nonempty_epoch_with_sane_weights(n, ratio, kind, e
             assert torch.all(plan.weights >= 1.0) and torch.all(torch.isfinite(plan.weights)), name
         if name in ("rs2", "epsilon-greedy") and plan.pruning:
             assert plan.num_kept == budget_size(n, ratio), name  # the budget, exactly
+        if name == "loss-rank" and plan.pruning:
+            assert plan.num_kept == max(1, int((1.0 - ratio) * n)) and plan.weights is None, name
         if name == "seta" and plan.pruning:
             assert plan.num_kept <= budget_size(n, ratio), name
 
@@ -251,6 +255,9 @@ def test_every_policy_plans_a_nonempty_epoch_with_sane_weights(n, ratio, kind, e
         (lambda: SeTaPolicy(window_scale=0.0), "window_scale"),
         (lambda: SeTaPolicy(num_groups=5, window_scale=0.05), "window_scale"),
         (lambda: SeTaPolicy(delta=0.0), "delta"),
+        (lambda: LossRankPolicy(keep=0.0), "keep"),
+        (lambda: LossRankPolicy(pressure=float("inf")), "pressure"),
+        (lambda: LossRankPolicy(final_pressure=0.5), "final_pressure"),
     ],
 )
 def test_bad_hyperparameters_name_the_argument(make, name):

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from leanbatch.policies import (
         EpsilonGreedyPolicy,
         InfoBatchPolicy,
+        LossRankPolicy,
         Plan,
         RandomPolicy,
         RS2Policy,
@@ -48,6 +49,7 @@ _HOME = {
     "InfoBatch": "leanbatch.infobatch",
     "EpsilonGreedyPolicy": "leanbatch.policies",
     "InfoBatchPolicy": "leanbatch.policies",
+    "LossRankPolicy": "leanbatch.policies",
     "Plan": "leanbatch.policies",
     "RandomPolicy": "leanbatch.policies",
     "RS2Policy": "leanbatch.policies",
@@ -74,6 +76,7 @@ __all__ = [
     "EpsilonGreedyPolicy",
     "InfoBatch",
     "InfoBatchPolicy",
+    "LossRankPolicy",
     "OnlineBatchSelection",
     "Plan",
     "ProgressLR",

@@ -9,7 +9,9 @@ One module per family:
 - :mod:`~leanbatch.policies.budget` - fixed-budget plans: :class:`RS2Policy` (repeated random
   sampling without replacement), :class:`EpsilonGreedyPolicy` and :class:`UCBPolicy`;
 - :mod:`~leanbatch.policies.seta` - :class:`SeTaPolicy` (random subset, loss groups, a
-  window sliding from easy to hard).
+  window sliding from easy to hard);
+- :mod:`~leanbatch.policies.loss_rank` - :class:`LossRankPolicy` (online batch selection in the
+  paper's own form: each epoch drawn from the whole dataset by loss rank).
 
 Example:
     >>> from leanbatch.policies import InfoBatchPolicy, RandomPolicy, Plan, full_plan, pruning_epochs
@@ -18,11 +20,13 @@ Example:
 from leanbatch.policies.base import Plan, Policy, full_plan, pruning_epochs
 from leanbatch.policies.budget import EpsilonGreedyPolicy, RS2Policy, UCBPolicy
 from leanbatch.policies.infobatch import InfoBatchPolicy, RandomPolicy
+from leanbatch.policies.loss_rank import LossRankPolicy
 from leanbatch.policies.seta import SeTaPolicy
 
 __all__ = [
     "EpsilonGreedyPolicy",
     "InfoBatchPolicy",
+    "LossRankPolicy",
     "Plan",
     "Policy",
     "RS2Policy",

@@ -18,13 +18,13 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from leanbatch.checks import check_fraction, check_real, check_seed
+from leanbatch.checks import check_fraction, check_seed
+from leanbatch.ranking import check_pressure, gumbel_top_k, loss_rank_draw, pressure_at
 from leanbatch.rng import Generators, canonical_device
 from leanbatch.scores import check_per_sample_loss
 from leanbatch.selection.scoring import rankable_losses
 
 _DEFAULT = Generators()  # the draws of every call without generator=: one stream per device
-_PRESSURE = "the hardest example's odds over the easiest (1 = uniform; 100 is Loshchilov & Hutter's s_e0)"
 
 
 def seed_selection(seed: int, *, rank: int | None = None) -> None:
@@ -106,22 +106,6 @@ def rank_weights(n: int, keep: float) -> Tensor:
     return w / w.sum()
 
 
-def gumbel_top_k(order: Tensor, log_weights: Tensor, k: int, generator: torch.Generator) -> Tensor:
-    """Draw ``k`` rank positions without replacement by ``log_weights``; their batch positions
-    (``order[i]`` holds rank position ``i``), ascending.
-
-    Example:
-        >>> import torch
-        >>> g = torch.Generator().manual_seed(0)
-        >>> gumbel_top_k(torch.tensor([2, 0, 1]), torch.tensor([0.0, 0.0, 50.0]), 1, g).tolist()  # rank 2
-        [1]
-    """
-    u = torch.rand(order.shape[0], generator=generator, device=order.device, dtype=torch.float32)
-    gumbel = -torch.log(-torch.log(u.clamp_min(torch.finfo(torch.float32).tiny)))
-    top = torch.topk(log_weights + gumbel, k, sorted=False).indices
-    return torch.sort(order.index_select(0, top)).values
-
-
 def select_indices(losses: Tensor, keep: float, generator: torch.Generator | None = None) -> Tensor:
     """Positions (int64, ascending, on the losses' device) of the rows Composer's rank rule keeps.
 
@@ -178,25 +162,6 @@ def select_uniform(
     return torch.sort(torch.topk(u, k, sorted=False).indices).values
 
 
-def _pressure(value: Any, name: str = "selection_pressure") -> float:
-    return check_real(value, name, low=1.0, hint=_PRESSURE)
-
-
-def pressure_at(progress: float, start: float, end: float | None = None) -> float:
-    """The selection pressure at ``progress`` in [0, 1]: ``start * (end / start) ** progress``.
-
-    Example:
-        >>> round(pressure_at(0.5, 100.0, 1.0), 9), pressure_at(0.5, 100.0)
-        (10.0, 100.0)
-    """
-    start = _pressure(start)
-    if end is None or end == start:
-        return start
-    end = _pressure(end, "final_pressure")
-    t = min(max(float(progress), 0.0), 1.0)
-    return float(math.exp(math.log(start) + t * (math.log(end) - math.log(start))))
-
-
 def loss_rank_weights(n: int, pressure: float) -> Tensor:
     """First-draw probabilities of rank positions ``0..n-1`` (ascending loss) under online batch selection.
 
@@ -205,7 +170,7 @@ def loss_rank_weights(n: int, pressure: float) -> Tensor:
         >>> round(float(w[3] / w[0]), 6)
         8.0
     """
-    pressure = _pressure(pressure)
+    pressure = check_pressure(pressure)
     num_selected(n, 1.0)  # validates n
     w = torch.exp(-torch.arange(n - 1, -1, -1, dtype=torch.float64) * math.log(pressure) / n)
     return w / w.sum()
@@ -225,15 +190,9 @@ def select_by_loss_rank(
         >>> select_by_loss_rank(torch.tensor([0.1, 9.0, 0.2, 8.0]), keep=0.5, pressure=1e6, generator=g).tolist()
         [1, 3]
     """
-    pressure = _pressure(pressure)
+    pressure = check_pressure(pressure)
     losses, n, k, gen = _setup(losses, keep, generator)
-    if k == n:
-        return torch.arange(n, device=losses.device)
-    shuffle = torch.randperm(n, generator=gen, device=losses.device)  # ties broken at random
-    hard = torch.nan_to_num(losses.detach().float(), nan=float("inf")).index_select(0, shuffle)
-    order = shuffle.index_select(0, torch.argsort(hard, stable=True))
-    hardness = torch.arange(n - 1, -1, -1, device=losses.device, dtype=torch.float32)  # n - 1: the easiest
-    return gumbel_top_k(order, hardness * (-math.log(pressure) / n), k, gen)
+    return loss_rank_draw(losses, k, pressure, gen)
 
 
 class Draw(NamedTuple):
@@ -345,8 +304,10 @@ class LossRankRule(RankRule):
 
     def __init__(self, keep: float = 0.5, pressure: float = 100.0, final_pressure: float | None = None):
         super().__init__(keep)
-        self.pressure = _pressure(pressure)
-        self.final_pressure = None if final_pressure is None else _pressure(final_pressure, "final_pressure")
+        self.pressure = check_pressure(pressure)
+        self.final_pressure = (
+            None if final_pressure is None else check_pressure(final_pressure, "final_pressure")
+        )
 
     def positions(self, scores: Tensor | None, draw: Draw) -> Tensor:
         assert scores is not None
