@@ -10,7 +10,8 @@ Modules: :mod:`~leanbatch.selection.schedule`, :mod:`~leanbatch.selection.source
 :mod:`~leanbatch.selection.scoring` (the forward pass and loss checks),
 :mod:`~leanbatch.selection.rules`, :mod:`~leanbatch.selection.history`,
 :mod:`~leanbatch.selection.selector`, :mod:`~leanbatch.selection.selective_backprop`,
-:mod:`~leanbatch.selection.online`, :mod:`~leanbatch.selection.functional` (Composer's
+:mod:`~leanbatch.selection.online`, :mod:`~leanbatch.selection.rho` (RHO-LOSS),
+:mod:`~leanbatch.selection.functional` (Composer's
 ``select_using_loss``), :mod:`~leanbatch.selection.proxy`, :mod:`~leanbatch.selection.losses`,
 :mod:`~leanbatch.selection.batches` and :mod:`~leanbatch.selection.layout` (batch structures),
 :mod:`~leanbatch.selection.stats`.
@@ -30,6 +31,7 @@ from leanbatch.selection.layout import Selection
 from leanbatch.selection.losses import per_sequence_loss
 from leanbatch.selection.online import OnlineBatchSelection
 from leanbatch.selection.proxy import ProxyScorer
+from leanbatch.selection.rho import ReducibleScores, RhoLoss
 from leanbatch.selection.rules import (
     LossRankRule,
     RankRule,
@@ -63,6 +65,8 @@ __all__ = [
     "OnlineBatchSelection",
     "ProxyScorer",
     "RankRule",
+    "ReducibleScores",
+    "RhoLoss",
     "Rule",
     "ScorerScores",
     "Selection",
