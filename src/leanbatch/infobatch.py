@@ -200,11 +200,9 @@ class InfoBatch(Dataset):
         record = self.sampler.record
         step = record.prepare(k, indices=True, batch=True, what="update(loss) without indices")
         assert step.indices is not None
-        idx, rows = step.indices, loss
-        if step.scored < k:  # padding at the epoch's end: trains, does not score
-            idx, rows = idx[: step.scored], loss[: step.scored]
-        self.scores.store(idx, rows, check=False)
-        record.commit(k)
+        # padding at the epoch's end trains but does not score: its rows go to the spare slot
+        self._store(_unscored(step.indices, None, step.scored, k, self.scores.num_samples), loss)
+        record.commit(k, merged=True)
         w = step.plan.weights_on(loss.device)
         if w is None:
             return loss.mean()
@@ -230,11 +228,20 @@ class InfoBatch(Dataset):
             indices = indices.clone() if indices.dtype == torch.int64 else indices.long()
         rows = indices if positions is None else _on(indices, positions).index_select(0, positions)
         w_batch = self._gather_checked(step.plan.weights_on(loss.device), rows)  # before anything changes
-        self.scores.store(
-            _unscored(rows, positions, step.scored, n, self.scores.num_samples), loss, check=False
-        )
-        record.commit(n)
+        spare = self.scores.num_samples
+        idx, scored = _unscored(rows, positions, step.scored, n, spare), loss
+        if positions is not None and record.distributed:  # every rank gathers n rows, however many it kept
+            idx = torch.full((n,), spare, dtype=torch.int64, device=positions.device).index_copy_(
+                0, positions, idx.to(positions.device, non_blocking=True)
+            )
+            scored = loss.detach().float().new_zeros(n).index_copy_(0, positions, loss.detach().float())
+        self._store(idx, scored)
+        record.commit(n, merged=True)
         return loss.mean() if w_batch is None else (loss * w_batch).mean()
+
+    def _store(self, indices: Tensor, losses: Tensor) -> None:
+        """Store a step's scores; in a distributed run every rank stores every rank's rows (gathered)."""
+        self.scores.store(indices, losses, check=False, across=True, group=self.sampler.process_group)
 
     def _gather_checked(self, w: Tensor | None, rows: Tensor) -> Tensor | None:
         """The weights of ``rows`` (``None``: all 1), with the rows checked to be dataset indices.

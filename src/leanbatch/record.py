@@ -105,6 +105,11 @@ class TrainingRecord:
         """How epochs are split between ranks (the planner's)."""
         return self.planner.sharding
 
+    @property
+    def distributed(self) -> bool:
+        """Whether training runs in a process group of several processes (read now, host-side)."""
+        return is_distributed(self.sharding.process_group)
+
     # ------------------------------------------------------------------ where
     def _live(self) -> Iteration | None:
         """The latest iteration if it is being trained (not fully trained)."""
@@ -285,11 +290,12 @@ class TrainingRecord:
             self.fetches.check(it, n, implicit=indices)
         return Step(it.plan, it.peek(n) if indices else None, it.scored(n))
 
-    def commit(self, n: int) -> None:
+    def commit(self, n: int, merged: bool = False) -> None:
         """Mark the next ``n`` served samples trained (after their scores were stored).
 
-        When that ends the epoch, the ranks' scores are merged: every rank trains its last
-        sample at the same step, shards being equal.
+        ``merged``: their scores were stored on every rank (gathered), so nothing of them is left
+        to merge. Otherwise, when the epoch ends here, the ranks' scores are merged: every rank
+        trains its last sample at the same step, shards being equal.
         """
         it = self.serving(n)
         if it is None:
@@ -297,7 +303,7 @@ class TrainingRecord:
         self.fetches.trained()
         it.batch = it.batch or n
         it.take(n, indices=False)
-        self._unmerged = True
+        self._unmerged = self._unmerged or not merged
         if it.done:
             self.merge()
 

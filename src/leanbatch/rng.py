@@ -31,6 +31,8 @@ from leanbatch.permutation import mix_seed
 __all__ = [
     "DEFAULT_SEED",
     "Generators",
+    "all_gather_rows",
+    "comm_device",
     "canonical_device",
     "initialized",
     "is_distributed",
@@ -80,6 +82,38 @@ def is_distributed(group: Any = None) -> bool:
         False
     """
     return initialized() and dist.get_world_size(group) > 1
+
+
+def comm_device(group: Any = None) -> torch.device:
+    """Where ``group``'s collectives run: the current CUDA device for NCCL, else the CPU.
+
+    Example:
+        >>> comm_device()  # no process group: the CPU
+        device(type='cpu')
+    """
+    if initialized() and dist.get_backend(group) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def all_gather_rows(t: torch.Tensor, group: Any = None) -> torch.Tensor:
+    """``t`` (the same shape on every rank) from every rank of ``group``, concatenated in rank order.
+
+    One collective, on :func:`comm_device` (asynchronous on a CUDA stream with NCCL). Without a
+    process group of several processes, ``t`` itself.
+
+    Example:
+        >>> import torch
+        >>> all_gather_rows(torch.arange(3)).tolist()
+        [0, 1, 2]
+    """
+    if not is_distributed(group):
+        return t
+    t = t.to(comm_device(group), non_blocking=True).contiguous()
+    out = t.new_empty((world_size(group) * t.shape[0], *t.shape[1:]))
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    gather(out, t, group=group)
+    return out
 
 
 def rank_seed(seed: int, rank: int, *more: int) -> int:

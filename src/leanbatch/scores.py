@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from leanbatch.checks import check_per_sample_loss, check_saved_tensor, require
+from leanbatch.rng import all_gather_rows, is_distributed
 
 __all__ = ["ScoreTable", "check_per_sample_loss"]
 
@@ -70,6 +71,7 @@ class ScoreTable:
         self.flush_every = 8192
         # Queued writes: references, not copies (see store); with each its version counter.
         self._pending: list[tuple[Tensor, Tensor, int, int]] = []
+        self._pending_shared = False  # the queued writes were gathered from every rank (merged)
         self._pending_n = 0
         dev = torch.device("cpu") if device is None else torch.device(device)
         # One slot past the end takes the writes of non-finite losses (see flush): never read.
@@ -146,7 +148,9 @@ class ScoreTable:
             indices = indices.clone() if indices.dtype == torch.int64 else indices.long()
         self.store(indices, losses)
 
-    def store(self, indices: Tensor, losses: Tensor, check: bool = True) -> Tensor:
+    def store(
+        self, indices: Tensor, losses: Tensor, check: bool = True, *, across: bool = False, group: Any = None
+    ) -> Tensor:
         """The per-step path behind :meth:`update`, for callers that validated shapes.
 
         Queues references to ``indices`` and the detached ``losses`` (no copy: a step
@@ -159,6 +163,11 @@ class ScoreTable:
         a version bump. An index equal to ``num_samples`` (the spare slot past the end) writes
         nowhere: a row that trains but does not score, e.g. padding. Returns the indices as an
         int64 tensor on the table's device.
+
+        ``across=True`` in a distributed run: every rank of ``group`` stores every rank's rows of
+        this step (two all-gathers: int64 indices, float32 losses; the same number of rows on
+        every rank), in rank order, so every rank holds the same table at every step and
+        nothing is left to merge.
         """
         if self._follow_device and losses.device != self._values.device:
             self.to(losses.device)
@@ -166,7 +175,14 @@ class ScoreTable:
         if check:
             self.check_indices(idx)
         loss = losses.detach()
-        self._unmerged = True
+        shared = across and is_distributed(group)
+        if shared:
+            loss = all_gather_rows(loss.to(torch.float32), group).to(self._values.device, non_blocking=True)
+            idx = all_gather_rows(idx, group).to(self._values.device, non_blocking=True)
+        if shared != self._pending_shared:
+            self.flush()  # gathered and local writes are flushed apart (only local ones await a merge)
+            self._pending_shared = shared
+        self._unmerged = self._unmerged or not shared
         self._pending.append((idx, loss, idx._version, loss._version))
         self._pending_n += idx.shape[0]
         if self._pending_n >= self.flush_every or self.ema is not None:
@@ -221,7 +237,7 @@ class ScoreTable:
         values.scatter_(0, dest, new.index_select(0, last))
         if var is not None and self._var is not None:
             self._var.scatter_(0, dest, var.index_select(0, last))
-        if self._touched is not None:
+        if self._touched is not None and not self._pending_shared:
             self._touched.index_fill_(0, dest, True)
 
     def _last_write(self, dest: Tensor) -> Tensor:

@@ -297,7 +297,7 @@ class LeanbatchMixin(_Base):
                 )
         finally:
             self._lb_step = None
-        ds.record.commit(n)  # after the scores were stored: the epoch's end merges them
+        ds.record.commit(n, merged=True)  # every process stored every process's scores
         return out
 
     def _lb_trained(self, ds: InfoBatch, local: int) -> tuple[int, int]:
@@ -338,14 +338,22 @@ class LeanbatchMixin(_Base):
         ds = self.infobatch
         assert ds is not None
         dev = tok.device
-        scores_rows = _scoring_rows(rows, first, plan.num_kept, ds.scores.num_samples)
-        kept = rows.indices
-        if rows.positions is not None:
-            kept = kept.to(dev, non_blocking=True).index_select(0, rows.positions.to(dev))
-            scores_rows = scores_rows.to(dev, non_blocking=True).index_select(0, rows.positions.to(dev))
+        spare = ds.scores.num_samples
+        scores_rows = _scoring_rows(rows, first, plan.num_kept, spare).to(dev, non_blocking=True)
+        losses = sequence_losses(tok.detach(), counted)
+        kept = rows.indices.to(dev, non_blocking=True)
+        if (
+            rows.positions is not None
+        ):  # every process stores all its rows (the same number), unkept ones nowhere
+            at = rows.positions.to(dev)
+            kept = kept.index_select(0, at)
+            scores_rows = torch.full_like(scores_rows, spare).index_copy_(
+                0, at, scores_rows.index_select(0, at)
+            )
+            losses = losses.new_zeros(len(rows)).index_copy_(0, at, losses)
         if kept.shape[0] != tok.shape[0]:
             raise RuntimeError(f"the batch has {tok.shape[0]} rows but its indices say {kept.shape[0]}")
-        ds.scores.store(scores_rows, sequence_losses(tok.detach(), counted), check=False)
+        ds.scores.store(scores_rows, losses, check=False, across=True, group=ds.sampler.process_group)
         w = plan.weights_on(dev)
         return None if w is None else w.index_select(0, kept.to(dev, non_blocking=True))
 
