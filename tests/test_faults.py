@@ -69,11 +69,12 @@ class Child:
 
     def finish(self) -> tuple[int, str, str]:
         """Exit status, the rest of stdout and all of stderr."""
-        try:
-            _, err = self.proc.communicate(timeout=DEADLINE)
+        try:  # stdout is the reader thread's alone (communicate() would race it for the last lines)
+            self.proc.wait(timeout=DEADLINE)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             pytest.fail(f"child still running after {DEADLINE} s")
+        err = self.proc.stderr.read() if self.proc.stderr else ""
         rest = []
         while (line := self.lines.get(timeout=DEADLINE)) is not None:
             rest.append(line)
