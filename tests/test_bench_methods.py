@@ -266,3 +266,15 @@ def test_the_commands_of_existing_results_make_the_same_rows(path: Path) -> None
         new = row.config()
         assert {k: new[k] for k in entry} == entry
         assert new["settings"] == dict(row.settings)
+
+
+@pytest.mark.parametrize("path", _commands(), ids=lambda p: p.parent.name)
+def test_the_report_reads_every_stored_result_and_recomputes_its_summary(path: Path) -> None:
+    from leanbatch.bench.report import read_results, rebuild
+
+    stored = json.loads(path.read_text())
+    again = rebuild(read_results(path))
+    keys = ("method", "acc_mean", "acc_std", "work_fraction", "forward_fraction", "backward_fraction")
+    assert [{k: r[k] for k in keys} for r in again["summary"]] == [
+        {k: r[k] for k in keys} for r in stored["summary"]
+    ]

@@ -262,20 +262,26 @@ def bench_update(num_samples: int, batch_size: int, steps: int, device: str = "c
     best: dict[str, float] = {}
     for r in range(8):
         batches, weights = prepare()
-        variants: dict[str, Callable[..., Any]] = {
-            "loss.mean() (plain loop)": lambda loss, idx: loss.mean(),
-            "least an update does: scatter, gather, weighted mean": lambda loss, idx, w=weights: (
-                scores.index_put_((idx,), loss.detach()),
-                (loss * w.index_select(0, idx)).mean(),
-            ),
-            "update(loss, indices)": lambda loss, idx: ds_explicit.update(loss, idx),
-            "update(loss) (indices from the sampler)": lambda loss, idx: ds_implicit.update(loss),
-        }
-        for label, fn in variants.items():
+        for label, fn in _update_variants(ds_explicit, ds_implicit, scores, weights).items():
             t = block(fn, batches)
             if r > 0:  # the first round warms up
                 best[label] = min(best.get(label, float("inf")), t)
     return [{"what": k, "us_per_step": v, "batch_size": batch_size} for k, v in best.items()]
+
+
+def _update_variants(
+    explicit: Any, implicit: Any, scores: Tensor, weights: Tensor
+) -> dict[str, Callable[..., Any]]:
+    """What :func:`bench_update` times per step, by label: ``fn(loss, indices)``."""
+    return {
+        "loss.mean() (plain loop)": lambda loss, idx: loss.mean(),
+        "least an update does: scatter, gather, weighted mean": lambda loss, idx: (
+            scores.index_put_((idx,), loss.detach()),
+            (loss * weights.index_select(0, idx)).mean(),
+        ),
+        "update(loss, indices)": lambda loss, idx: explicit.update(loss, idx),
+        "update(loss) (indices from the sampler)": lambda loss, idx: implicit.update(loss),
+    }
 
 
 def format_update(rows: list[dict[str, Any]]) -> str:
