@@ -321,7 +321,7 @@ def _cifar_like(root: Path) -> Path:
         (["--budgets", "0.5,nan"], "--budgets must be fractions in (0, 4]"),
         (["--budgets", "0.5,0.5"], "--budgets lists a budget twice"),
         (["--methods", "infobatch[budget=0.5]"], "budget applies to baseline only"),
-        (["--methods", "baseline[budget=-1]"], "budget must be in (0, 4]"),
+        (["--methods", "baseline[budget=-1]"], "budget must be a finite number in (0, 4]"),
         (["--preset", "cifar10", "--quick"], "--quick and --preset cifar10 conflict"),
         (["--preset", "imagenet"], "argument --preset: invalid choice"),
     ],
@@ -428,3 +428,19 @@ def test_micro_plan_bad_sizes_are_one_line(
 ) -> None:
     code, out, err = _run(["micro", "plan", "--sizes", sizes], capsys)
     assert code == 2 and err.count("\n") == 1 and f"--sizes must be {needle}" in err and not out
+
+
+def test_bench_help_lists_every_method_kind_in_one_line_and_every_setting_with_its_old_spellings(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from leanbatch.bench.registry import REGISTRY
+
+    assert cli.main(["bench", "--help"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    for kind in REGISTRY.values():
+        assert [ln.split()[:2] for ln in lines if ln.split()[:2] == [kind.name, kind.family]], kind.name
+        assert any(ln.split()[:1] == [kind.name] and kind.description in ln for ln in lines), kind.name
+        for s in kind.settings:
+            assert s.describe() in " ".join(out.split()), s.describe()  # name=default (old spellings)
+    assert "(sb_keep)" in out and "(prune_fraction)" in out and "(ib_max_weight)" in out

@@ -47,10 +47,23 @@ def write_plots(payload: dict[str, Any], out_dir: Path) -> list[Path]:
     groups = _group(payload)
     if not groups:
         return []
-    written: list[Path] = []
     title = f"{payload['data']['name']}, {payload['config']['epochs']} epochs"
+    written = [
+        _accuracy_plot(plt, payload, groups, title, out_dir / "accuracy_vs_time.png"),
+        _kept_plot(plt, payload, groups, title, out_dir / "kept_per_epoch.png"),
+    ]
+    hist_run = _histogram_run(payload)
+    if hist_run is not None:
+        written.append(_histogram_plot(plt, hist_run, out_dir / "loss_histograms.png"))
+    cpu = payload["config"].get("clock") == "cpu"
+    section = payload.get("equal_time_cpu" if cpu else "equal_time")
+    if section and len(section["frontier"]) >= 2:
+        written.append(_equal_time_plot(plt, section, title, out_dir / "equal_time.png"))
+    return written
 
-    # accuracy vs wall-clock
+
+def _accuracy_plot(plt: Any, payload: dict[str, Any], groups: dict[str, Any], title: str, path: Path) -> Path:
+    """Test accuracy vs training wall-clock, a curve per method (budget runs dashed), the baseline's target band."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for label, runs in groups.items():
         style = {"ls": "--", "lw": 0.9, "ms": 2} if _is_budget(runs) else {"ms": 3}
@@ -71,9 +84,11 @@ def write_plots(payload: dict[str, Any], out_dir: Path) -> list[Path]:
         "test accuracy (%)",
         f"Test accuracy vs time: {title}",
     )
-    written.append(_save(fig, out_dir / "accuracy_vs_time.png"))
+    return _save(fig, path)
 
-    # fraction of data forwarded / backpropagated per epoch
+
+def _kept_plot(plt: Any, payload: dict[str, Any], groups: dict[str, Any], title: str, path: Path) -> Path:
+    """The fraction of the data loaded (and backpropagated, where it differs) per epoch, per method."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
     num = _num_train(payload)
     for label, runs in groups.items():
@@ -89,34 +104,28 @@ def write_plots(payload: dict[str, Any], out_dir: Path) -> list[Path]:
             )
     ax.set_ylim(0, 1.05)
     _label(ax, "epoch", "fraction of the training set", f"Data kept per epoch: {title}")
-    written.append(_save(fig, out_dir / "kept_per_epoch.png"))
+    return _save(fig, path)
 
-    # loss histograms with the pruning threshold
-    hist_run = _histogram_run(payload)
-    if hist_run is not None:
-        hists = hist_run["loss_histograms"]
-        fig, axes = plt.subplots(1, len(hists), figsize=(4 * len(hists), 3.6), squeeze=False)
-        for ax, h in zip(axes[0], hists, strict=True):
-            edges, counts = h["edges"], h["counts"]
-            ax.stairs(counts, edges, fill=True, alpha=0.6)
-            ax.set_xscale("log")
-            if h["threshold"] is not None:
-                ax.axvline(h["threshold"], color="red", lw=1.2, label=f"threshold {h['threshold']:.3g}")
-                share = h["below_threshold"] / max(h["num_scored"], 1)
-                ax.set_title(f"epoch {h['epoch']}: {share:.0%} below", fontsize=10)
-                ax.legend(fontsize=8)
-            else:
-                ax.set_title(f"epoch {h['epoch']}", fontsize=10)
-            ax.set_xlabel("per-sample loss (score)")
-        axes[0][0].set_ylabel("samples")
-        fig.suptitle(f"{hist_run['method']} (seed {hist_run['seed']}): scores the epoch was planned from")
-        written.append(_save(fig, out_dir / "loss_histograms.png"))
 
-    cpu = payload["config"].get("clock") == "cpu"
-    section = payload.get("equal_time_cpu" if cpu else "equal_time")
-    if section and len(section["frontier"]) >= 2:
-        written.append(_equal_time_plot(plt, section, title, out_dir / "equal_time.png"))
-    return written
+def _histogram_plot(plt: Any, hist_run: dict[str, Any], path: Path) -> Path:
+    """The loss histograms of one pruning run, with the pruning threshold, one panel per snapshot."""
+    hists = hist_run["loss_histograms"]
+    fig, axes = plt.subplots(1, len(hists), figsize=(4 * len(hists), 3.6), squeeze=False)
+    for ax, h in zip(axes[0], hists, strict=True):
+        edges, counts = h["edges"], h["counts"]
+        ax.stairs(counts, edges, fill=True, alpha=0.6)
+        ax.set_xscale("log")
+        if h["threshold"] is not None:
+            ax.axvline(h["threshold"], color="red", lw=1.2, label=f"threshold {h['threshold']:.3g}")
+            share = h["below_threshold"] / max(h["num_scored"], 1)
+            ax.set_title(f"epoch {h['epoch']}: {share:.0%} below", fontsize=10)
+            ax.legend(fontsize=8)
+        else:
+            ax.set_title(f"epoch {h['epoch']}", fontsize=10)
+        ax.set_xlabel("per-sample loss (score)")
+    axes[0][0].set_ylabel("samples")
+    fig.suptitle(f"{hist_run['method']} (seed {hist_run['seed']}): scores the epoch was planned from")
+    return _save(fig, path)
 
 
 def _equal_time_plot(plt: Any, section: dict[str, Any], title: str, path: Path) -> Path:

@@ -15,10 +15,9 @@ Without a preset the defaults are ``mnist-5k``, 8 epochs, seed 0 and the same bu
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 from typing import Any
 
-from leanbatch.bench.methods import MAX_BUDGET, MethodSpec, budget_label
+from leanbatch.bench.methods import MAX_BUDGET, MethodRow, budget_label, make_row
 
 __all__ = [
     "PRESETS",
@@ -96,7 +95,7 @@ def parse_budgets(text: str) -> list[float]:
     return sorted(values)
 
 
-def with_budgets(methods: list[MethodSpec], budgets: list[float]) -> list[MethodSpec]:
+def with_budgets(methods: list[MethodRow], budgets: list[float]) -> list[MethodRow]:
     """``methods`` with a baseline row for every budget not already among them.
 
     The rows go first in the order of the comparison: the full baseline, the shorter budgets
@@ -108,10 +107,7 @@ def with_budgets(methods: list[MethodSpec], budgets: list[float]) -> list[Method
         ['baseline', 'baseline[budget=0.5]', 'infobatch']
     """
     have = {m.budget for m in methods if m.kind == "baseline"}
-    extra = [
-        replace(MethodSpec(label="baseline", kind="baseline"), label=budget_label(b), budget=b)
-        for b in budgets
-    ]
+    extra = [make_row("baseline", budget_label(b), budget=b) for b in budgets]
     frontier = [m for m in methods if m.kind == "baseline"] + [m for m in extra if m.budget not in have]
     frontier.sort(key=lambda m: (m.budget != 1.0, m.budget))
     return frontier + [m for m in methods if m.kind != "baseline"]

@@ -31,6 +31,7 @@ class EpochRecord:
     lr: float  # learning rate of the last step
     threshold: float | None = None  # InfoBatch's pruning threshold (mean score) when planned
     pruning: bool | None = None
+    dropped: int = 0  # served but not trained: a last batch of one sample, with BatchNorm in the model
 
 
 @dataclass

@@ -81,53 +81,52 @@ def summarize(
     labels = [lab for lab in labels if any(r.label == lab for r in runs)]
     by_label = {lab: [r for r in runs if r.label == lab] for lab in labels}
     base = by_label.get("baseline", [])
+    return [_summary_row(lab, by_label[lab], base, tolerance) for lab in labels]
+
+
+def _summary_row(label: str, rs: list[RunResult], base: list[RunResult], tolerance: float) -> dict[str, Any]:
+    """The summary row of the runs ``rs`` of ``label``, against the ``base`` runs (ratios None without)."""
     base_time = mean_of([r.train_time for r in base]) if base else None
     base_cpu = mean_of([r.train_cpu_time for r in base]) if base else None
     base_acc = mean_of([r.final_acc for r in base]) if base else None
     target = None if base_acc is None else base_acc - tolerance
-    rows = []
-    for lab in labels:
-        rs = by_label[lab]
-        accs = [r.final_acc for r in rs]
-        times = [r.train_time for r in rs]
-        tot = [r.totals() for r in rs]
-        work = mean_of([t["work_fraction"] for t in tot])
-        t_mean = mean_of(times)
-        ratio = None if not base_time else t_mean / base_time
-        actual = None if not ratio else 1.0 / ratio
-        ideal = 1.0 / work if work > 0 else None
-        reach = [_time_to(r, target) for r in rs] if target is not None else []
-        rows.append(
-            {
-                "method": lab,
-                "kind": rs[0].kind,
-                "budget": rs[0].budget,
-                "seeds": [r.seed for r in rs],
-                "acc_mean": mean_of(accs),
-                "acc_std": std_of(accs),
-                "acc_delta_vs_baseline": None if base_acc is None else mean_of(accs) - base_acc,
-                "train_time_s_mean": t_mean,
-                "train_time_s_std": std_of(times),
-                "time_ratio_vs_baseline": ratio,
-                "train_cpu_time_s_mean": mean_of([r.train_cpu_time for r in rs]),
-                "cpu_speedup": None if not base_cpu else base_cpu / mean_of([r.train_cpu_time for r in rs]),
-                "loaded_fraction": mean_of([t["loaded_fraction"] for t in tot]),
-                "forward_fraction": mean_of([t["forward_fraction"] for t in tot]),
-                "backward_fraction": mean_of([t["backward_fraction"] for t in tot]),
-                "work_fraction": work,
-                "ideal_speedup": ideal,
-                "actual_speedup": actual,
-                "achieved_of_ideal": None if (actual is None or ideal is None) else actual / ideal,
-                "target_acc": target,
-                "time_to_target_s": (
-                    mean_of([t for t in reach if t is not None])
-                    if reach and all(t is not None for t in reach)
-                    else None
-                ),
-                "reached_target": sum(t is not None for t in reach) if target is not None else None,
-            }
-        )
-    return rows
+    accs = [r.final_acc for r in rs]
+    times = [r.train_time for r in rs]
+    tot = [r.totals() for r in rs]
+    work = mean_of([t["work_fraction"] for t in tot])
+    t_mean = mean_of(times)
+    ratio = None if not base_time else t_mean / base_time
+    actual = None if not ratio else 1.0 / ratio
+    ideal = 1.0 / work if work > 0 else None
+    reach = [_time_to(r, target) for r in rs] if target is not None else []
+    return {
+        "method": label,
+        "kind": rs[0].kind,
+        "budget": rs[0].budget,
+        "seeds": [r.seed for r in rs],
+        "acc_mean": mean_of(accs),
+        "acc_std": std_of(accs),
+        "acc_delta_vs_baseline": None if base_acc is None else mean_of(accs) - base_acc,
+        "train_time_s_mean": t_mean,
+        "train_time_s_std": std_of(times),
+        "time_ratio_vs_baseline": ratio,
+        "train_cpu_time_s_mean": mean_of([r.train_cpu_time for r in rs]),
+        "cpu_speedup": None if not base_cpu else base_cpu / mean_of([r.train_cpu_time for r in rs]),
+        "loaded_fraction": mean_of([t["loaded_fraction"] for t in tot]),
+        "forward_fraction": mean_of([t["forward_fraction"] for t in tot]),
+        "backward_fraction": mean_of([t["backward_fraction"] for t in tot]),
+        "work_fraction": work,
+        "ideal_speedup": ideal,
+        "actual_speedup": actual,
+        "achieved_of_ideal": None if (actual is None or ideal is None) else actual / ideal,
+        "target_acc": target,
+        "time_to_target_s": (
+            mean_of([t for t in reach if t is not None])
+            if reach and all(t is not None for t in reach)
+            else None
+        ),
+        "reached_target": sum(t is not None for t in reach) if target is not None else None,
+    }
 
 
 def _fmt(x: float | None, spec: str, suffix: str = "") -> str:
