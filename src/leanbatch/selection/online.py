@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from leanbatch.ranking import check_pressure
 from leanbatch.scores import ScoreTable
 from leanbatch.selection.rules import LossRankRule
 from leanbatch.selection.schedule import Window
@@ -75,7 +76,7 @@ class OnlineBatchSelection(Selector):
         super().__init__(
             Window(start, end, interrupt),
             MemoryScores(num_samples, score_table, method="OnlineBatchSelection"),
-            LossRankRule(keep, pressure, final_pressure),
+            LossRankRule(keep, check_pressure(pressure, "pressure"), final_pressure),
             keys=None,
             seed=seed,
             rank=rank,
