@@ -70,7 +70,7 @@ def test_infobatch_options_reach_the_policy() -> None:  # the old spellings; the
         ("rs2[prune_fraction=1.0]", "(prune_fraction is prune_ratio)"),
         ("ucb[ucb_c=-1]", "c must be"),
         ("infobatch[ib_target=most]", "target must be 'below'"),
-        ("obs[obs_pressure=0.5]", "selection_pressure must be a finite number >= 1, got 0.5"),
+        ("obs[obs_pressure=0.5]", "pressure must be a finite number >= 1, got 0.5"),
         ("sb-proxy[sel_start=0.5,sel_end=0.5]", "start must be < end, got start=0.5, end=0.5"),
         ("seta[seta_groups=5,seta_window=0.05]", "window_scale"),
         ("fastest", "rs2, epsilon-greedy, ucb, seta, obs, sb-proxy"),
