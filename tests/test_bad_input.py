@@ -24,7 +24,7 @@ from leanbatch import cli
 from leanbatch.bench.data import DataError, load_data
 
 TINY = ["--epochs", "1", "--batch-size", "8", "--methods", "baseline", "--budgets", "none"]
-TINY += ["--widths", "4", "--no-plots", "--no-progress", "--threads", "1"]
+TINY += ["--batch-budgets", "none", "--widths", "4", "--no-plots", "--no-progress", "--threads", "1"]
 
 
 pytestmark = pytest.mark.usefixtures("restore_torch_globals")

@@ -13,6 +13,7 @@ from leanbatch.bench.methods import DEFAULT_METHODS, KINDS, MethodError, parse_m
 from leanbatch.policies import (
     EpsilonGreedyPolicy,
     InfoBatchPolicy,
+    LossRankPolicy,
     RandomPolicy,
     RS2Policy,
     SeTaPolicy,
@@ -20,11 +21,12 @@ from leanbatch.policies import (
 )
 
 NEW_METHODS = ("rs2", "epsilon-greedy", "ucb", "seta", "obs", "sb-proxy")  # not in the default run
+NEWER = ("obs-epoch", "rho-loss", "uniform", "infobatch+uniform")  # issue 16: two methods, two twins
 
 
 def test_new_kinds_parse_with_their_papers_defaults_and_leave_the_default_run_alone() -> None:
     assert DEFAULT_METHODS == ("baseline", "random", "infobatch", "sb", "infobatch+sb")  # `--methods` default
-    assert KINDS == DEFAULT_METHODS + NEW_METHODS
+    assert KINDS == DEFAULT_METHODS + NEW_METHODS + NEWER
     specs = {s.kind: s for s in parse_methods(",".join(NEW_METHODS))}
     assert specs["rs2"].settings == {"prune_ratio": 0.3}
     assert specs["ucb"].settings == {"prune_ratio": 0.3, "epsilon": 0.1, "ema": 0.9, "c": 1.0}
@@ -131,39 +133,45 @@ VALUES = {  # a valid value other than the default, per setting
     "max_weight": "2", "keep": "0.7", "start": "0.1", "end": "0.8", "scale_factor": "0.25", "interrupt": "3",
     "epsilon": "0.2", "ema": "0.5", "c": "2", "num_groups": "4", "window_scale": "0.75", "pressure": "10",
     "final_pressure": "2", "width": "0.5", "train_keep": "0.25", "train_every": "2", "budget": "0.5",
-    "stack_scores": "trained",
+    "stack_scores": "trained", "batch": "0.5", "holdout": "0.2", "il_width": "0.5", "il_epochs": "2",
 }  # fmt: skip
 
 
 def test_every_kind_is_registered_once_with_its_family_and_builds_library_objects() -> None:
     from leanbatch.bench.registry import FAMILIES, REGISTRY
-    from leanbatch.selection import OnlineBatchSelection, SelectiveBackprop
+    from leanbatch.selection import OnlineBatchSelection, RhoLoss, SelectiveBackprop
 
     assert tuple(REGISTRY) == KINDS and len(set(KINDS)) == len(KINDS)
     families = {k.name: k.family for k in REGISTRY.values()}
     assert families == {
         "baseline": "baseline", "random": "pruning", "infobatch": "pruning", "sb": "selecting",
         "infobatch+sb": "both", "rs2": "pruning", "epsilon-greedy": "pruning", "ucb": "pruning",
-        "seta": "pruning", "obs": "selecting", "sb-proxy": "selecting",
+        "seta": "pruning", "obs": "selecting", "sb-proxy": "selecting", "obs-epoch": "pruning",
+        "rho-loss": "selecting", "uniform": "selecting", "infobatch+uniform": "both",
     }  # fmt: skip
     for kind in REGISTRY.values():
         assert kind.family in FAMILIES and kind.description and "\n" not in kind.description
         assert kind.prunes == (kind.family in ("pruning", "both"))
         assert kind.selects == (kind.family in ("selecting", "both"))
-        assert kind.twin is None or REGISTRY[kind.twin].family == kind.family
+        assert kind.twin is None or REGISTRY[kind.twin.kind].family == kind.family
     rows = {r.kind: r for r in parse_methods(",".join(KINDS))}
     policies = {k: type(r.make_policy(8, 0)) for k, r in rows.items() if r.prunes}
     assert policies == {
         "random": RandomPolicy, "infobatch": InfoBatchPolicy, "infobatch+sb": InfoBatchPolicy,
         "rs2": RS2Policy, "epsilon-greedy": EpsilonGreedyPolicy, "ucb": UCBPolicy, "seta": SeTaPolicy,
+        "obs-epoch": LossRankPolicy, "infobatch+uniform": InfoBatchPolicy,
     }  # fmt: skip
     selectors = {k: type(r.probe_selector()) for k, r in rows.items() if r.selects}
     assert selectors == {
         "sb": SelectiveBackprop, "infobatch+sb": SelectiveBackprop, "obs": OnlineBatchSelection,
-        "sb-proxy": SelectiveBackprop,
+        "sb-proxy": SelectiveBackprop, "rho-loss": RhoLoss, "uniform": SelectiveBackprop,
+        "infobatch+uniform": SelectiveBackprop,
     }  # fmt: skip
     assert rows["sb-proxy"].probe_selector().rule == "top" and rows["sb"].probe_selector().rule == "rank"
-    assert REGISTRY["infobatch"].twin == "random"
+    assert REGISTRY["infobatch"].twin.kind == "random"  # type: ignore[union-attr]
+    assert (
+        rows["uniform"].probe_selector().rule == rows["infobatch+uniform"].probe_selector().rule == "uniform"
+    )
 
 
 def test_the_library_names_reach_the_library_objects() -> None:
@@ -214,7 +222,10 @@ def test_global_options_set_the_rows_that_carry_their_key_and_brackets_win() -> 
     ("text", "needle"),
     [
         ("sb[sel_keep=0.5]", "sel_keep applies to obs, sb-proxy only; sb's settings: keep=0.5 (sb_keep)"),
-        ("rs2[delta=0.5]", "delta applies to random, infobatch, infobatch+sb, seta only"),
+        (
+            "rs2[delta=0.5]",
+            "delta applies to random, infobatch, infobatch+sb, seta, obs-epoch, infobatch+uniform only",
+        ),
         ("obs[pressure=100,nope=1]", "unknown setting 'nope'; obs's settings: keep=0.5 (sel_keep)"),
         ("obs[obs_pressure=inf]", "obs[obs_pressure=inf]': pressure must be a finite number, got inf"),
         ("sb[keep=nan]", "keep must be a finite number, got nan"),

@@ -34,7 +34,7 @@ def test_parse_methods_defaults_and_overrides() -> None:
     assert specs[1].settings["prune_ratio"] == 0.7 and specs[1].prunes and not specs[1].selects
     assert specs[2].settings["keep"] == 0.3 and specs[2].settings["interrupt"] == 0
     assert specs[2].prunes and specs[2].selects
-    assert specs[0].settings == {"budget": 1.0}
+    assert specs[0].settings == {"budget": 1.0, "batch": 1.0}
     assert set(specs[2].settings) >= {"prune_ratio", "keep", "stack_scores"}
     assert set(specs[2].config()) >= {
         "prune_ratio",

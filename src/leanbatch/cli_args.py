@@ -63,8 +63,9 @@ def _float(text: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``leanbatch`` command."""
     from leanbatch.bench.data import BUILTIN_DATASETS
-    from leanbatch.bench.methods import DEFAULT_METHODS, global_setting, methods_help
-    from leanbatch.bench.presets import DEFAULT_BUDGETS, PRESETS
+    from leanbatch.bench.help_text import methods_help
+    from leanbatch.bench.methods import DEFAULT_METHODS, global_setting
+    from leanbatch.bench.presets import DEFAULT_BATCH_BUDGETS, DEFAULT_BUDGETS, PRESETS
 
     parser = _Parser(
         prog="leanbatch",
@@ -106,6 +107,19 @@ def build_parser() -> argparse.ArgumentParser:
         f"(default {DEFAULT_BUDGETS})",
     )
     g.add_argument(
+        "--batch-budgets",
+        default=None,
+        help="the baseline also trained for all its steps on batches of these fractions of --batch-size "
+        "(round(b x B) rows): the envelope's second family; 'none' to skip "
+        f"(default {DEFAULT_BATCH_BUDGETS})",
+    )
+    g.add_argument(
+        "--controls",
+        action="store_true",
+        help="run each method that has a uniform twin beside it (the same budget chosen at random; listed "
+        "below) and compare the two: what the choosing buys",
+    )
+    g.add_argument(
         "--preset",
         choices=tuple(PRESETS),
         default=None,
@@ -136,6 +150,13 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--momentum", type=_float, default=0.9, help="SGD momentum (Nesterov)")
     t.add_argument("--weight-decay", type=_float, default=5e-4, help="SGD weight decay")
     t.add_argument("--warmup", type=_float, default=0.03, help="fraction of training with linear LR warm-up")
+    t.add_argument(
+        "--lr-rule",
+        choices=("same", "scaled"),
+        default="same",
+        help="LR of a step that trains fewer rows than --batch-size (a batch budget, a selected batch): "
+        "the same, or scaled by rows / batch size",
+    )
     t.add_argument(
         "--augment",
         action=argparse.BooleanOptionalAction,

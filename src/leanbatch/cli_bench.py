@@ -114,7 +114,7 @@ def run_bench(args: argparse.Namespace) -> int:
         >>> out = tempfile.mkdtemp()
         >>> args = build_parser().parse_args(["bench", "--data", "digits", "--limit-train", "64", "--limit-test",
         ...     "16", "--epochs", "1", "--batch-size", "32", "--widths", "4", "--methods", "baseline,obs[sel_keep=0.7]",
-        ...     "--budgets", "none", "--no-plots", "--no-progress", "--out", out])
+        ...     "--budgets", "none", "--batch-budgets", "none", "--no-plots", "--no-progress", "--out", out])
         >>> args.argv = ["bench", "..."]
         >>> with contextlib.redirect_stdout(io.StringIO()):
         ...     status = run_bench(args)
@@ -165,6 +165,7 @@ def _bench_options(args: argparse.Namespace) -> _Job:
     import torch
 
     from leanbatch.bench.config import TrainConfig
+    from leanbatch.bench.controls import with_controls
     from leanbatch.bench.data import load_data
     from leanbatch.bench.methods import GLOBAL_SETTINGS, parse_methods
     from leanbatch.bench.outputs import unfinished_path
@@ -172,14 +173,18 @@ def _bench_options(args: argparse.Namespace) -> _Job:
 
     if args.quick and args.preset not in (None, "quick"):
         raise CLIError(f"--quick and --preset {args.preset} conflict: give one of them")
-    given = {k: getattr(args, k) for k in ("data", "epochs", "seeds", "budgets", "model", "widths")}
+    options = ("data", "epochs", "seeds", "budgets", "batch_budgets", "model", "widths")
+    given = {k: getattr(args, k) for k in options}
     opts = resolve("quick" if args.quick else args.preset, given)
     seeds = _parse_seeds(opts["seeds"])
     if opts["epochs"] < 1:
         raise CLIError(f"--epochs must be >= 1, got {opts['epochs']}")
     check_training_options(args)
     defaults = {k: getattr(args, k) for k in GLOBAL_SETTINGS}
-    rows = with_budgets(parse_methods(args.methods, defaults, opts["epochs"]), parse_budgets(opts["budgets"]))
+    rows = parse_methods(args.methods, defaults, opts["epochs"])
+    rows = with_controls(rows) if args.controls else rows
+    budgets = parse_budgets(opts["budgets"]), parse_budgets(opts["batch_budgets"], "--batch-budgets")
+    rows = with_budgets(rows, *budgets)
     widths = _parse_widths(opts["widths"])
     device = resolve_device(args.device)
     if args.threads:
@@ -202,6 +207,7 @@ def _bench_options(args: argparse.Namespace) -> _Job:
         widths=widths,
         channels_last=args.channels_last,
         augment=args.augment,
+        lr_rule=args.lr_rule,
     )
     dropped = _check_batches(data, rows, cfg)
     check_out_folder(out)
@@ -222,6 +228,7 @@ def _check_batches(data: DataSplit, rows: list[MethodRow], cfg: TrainConfig) -> 
         raise CLIError(f"--batch-size {bs} is larger than the training set ({data.num_train} samples)")
     scales = [r.settings["scale_factor"] for r in rows if "scale_factor" in r.settings]
     check_image_size(data, cfg.resolved_augment(data), scales)
+    _check_budget_rows(data, rows, bs)
     if not cfg.batchnorm(data):
         return False
     if bs == 1:
@@ -244,6 +251,25 @@ def _check_batches(data: DataSplit, rows: list[MethodRow], cfg: TrainConfig) -> 
     return True
 
 
+def _check_budget_rows(data: DataSplit, rows: list[MethodRow], bs: int) -> None:
+    """Refuse a batch budget of fewer than 2 rows or more than the training set, and a rho-loss
+    holdout of fewer than 2 samples."""
+    from leanbatch.bench.config import batch_rows
+    from leanbatch.bench.irreducible import holdout_split
+
+    for row in rows:
+        if row.batch != 1.0 and not 2 <= (n := batch_rows(row.batch, bs)) <= data.num_train:
+            raise CLIError(
+                f"{row.label}: a batch of round({row.batch:g} x {bs}) = {n} rows; a batch budget needs 2 rows "
+                f"or more and at most the training set's {data.num_train} (change it or --batch-size)"
+            )
+        if row.kind == "rho-loss" and holdout_split(data.y_train, row.settings["holdout"], 0).numel() < 2:
+            raise CLIError(
+                f"{row.label}: holdout={row.settings['holdout']:g} of {data.num_train} samples leaves fewer than 2 "
+                "for the holdout model to train on"
+            )
+
+
 def _bench_config(
     args: argparse.Namespace,
     cfg: TrainConfig,
@@ -259,7 +285,9 @@ def _bench_config(
         "augment": cfg.resolved_augment(data),
         "seeds": seeds,
         "methods": [row.config() for row in rows],
-        "budgets": sorted({row.budget for row in rows if row.kind == "baseline"}),
+        "budgets": sorted({row.budget for row in rows if row.kind == "baseline" and row.batch == 1.0}),
+        "batch_budgets": sorted({row.batch for row in rows if row.kind == "baseline" and row.batch != 1.0}),
+        "controls": bool(args.controls),
         "preset": "quick" if args.quick else args.preset,
         "quick": bool(args.quick or args.preset == "quick"),
         "interleave": args.interleave,
@@ -338,8 +366,9 @@ def _finish(bench: _Job, runs: list[RunResult], interrupted: bool, elapsed: floa
 
 
 def publish(payload: dict[str, Any], results_path: Path, plots: Path | None) -> list[Path]:
-    """Write ``results_path``, print both tables (the equal-time one on ``config.clock``), draw the
-    plots into the folder ``plots`` (None: none); every file atomically. The files written.
+    """Write ``results_path``, print the tables (the summary; equal time and the envelope on
+    ``config.clock``; the controls when there are some), draw the plots into the folder ``plots``
+    (None: none); every file atomically. The files written.
 
     Example:
         >>> import contextlib, io, tempfile
@@ -352,13 +381,19 @@ def publish(payload: dict[str, Any], results_path: Path, plots: Path | None) -> 
         >>> [p.name for p in written]
         ['results.json']
     """
+    from leanbatch.bench.outputs import write_results
     from leanbatch.bench.plots import write_plots
-    from leanbatch.bench.report import format_equal_time, format_table, write_results
+    from leanbatch.bench.tables import format_controls, format_envelope, format_equal_time, format_table
 
     write_results(results_path, payload)
     print()
     print(format_table(payload["summary"], payload["tolerance_points"]))
+    cpu = "_cpu" if payload["config"].get("clock") == "cpu" else ""
     print()
-    cpu = payload["config"].get("clock") == "cpu"
-    print(format_equal_time(payload["equal_time_cpu" if cpu else "equal_time"]))
+    print(format_equal_time(payload["equal_time" + cpu]))
+    print()
+    print(format_envelope(payload["envelope" + cpu]))
+    if payload["controls"]["rows"]:
+        print()
+        print(format_controls(payload["controls"]))
     return [results_path] + ([] if plots is None else write_plots(payload, plots))

@@ -41,7 +41,6 @@ __all__ = [
     "budget_label",
     "global_setting",
     "make_row",
-    "methods_help",
     "parse_methods",
 ]
 
@@ -89,6 +88,7 @@ class MethodRow:
     kind: str
     settings: Mapping[str, Any] = field(default_factory=dict)
     recorded: Mapping[str, Any] = field(default_factory=dict)  # see MethodKind.recorded
+    control: str | None = None  # the label of this row's uniform twin's row (--controls)
 
     @property
     def method(self) -> MethodKind:
@@ -122,6 +122,11 @@ class MethodRow:
         """The share of the baseline's steps this row trains for (1 but for the frontier's baselines)."""
         return float(self.settings.get("budget", 1.0))
 
+    @property
+    def batch(self) -> float:
+        """The share of the batch size this row trains with (1 but for the batch-budget baselines)."""
+        return float(self.settings.get("batch", 1.0))
+
     def make_policy(self, num_epochs: int, seed: int) -> Policy:
         """The pruning policy of this row (``prunes`` only), for ``InfoBatch(policy=...)``.
 
@@ -136,13 +141,14 @@ class MethodRow:
         return self.method.build_selector(self.settings, context)
 
     def probe_selector(self) -> Selector:
-        """This row's selector built for checks: seed 0, a one-sample memory, a one-parameter proxy.
+        """This row's selector built for checks: seed 0, a one-sample memory, a one-parameter proxy, zero
+        irreducible losses (no holdout model trained).
 
         Example:
             >>> parse_methods("sb")[0].probe_selector().keep
             0.5
         """
-        return self.make_selector(SelectorContext(0, 1, _probe_proxy))
+        return self.make_selector(SelectorContext(0, 1, _probe_proxy, lambda settings: torch.zeros(1)))
 
     def config(self) -> dict[str, Any]:
         """The row's entry in ``config.methods``: label, kind, each setting under its key in earlier
@@ -153,12 +159,14 @@ class MethodRow:
             {'label': 'rs2', 'kind': 'rs2', 'prune_fraction': 0.3, 'settings': {'prune_ratio': 0.3}}
         """
         legacy = {s.key: s.legacy_value(self.settings[s.name]) for s in self.method.settings}
+        control = {} if self.control is None else {"control": self.control}
         return {
             "label": self.label,
             "kind": self.kind,
             **self.recorded,
             **legacy,
             "settings": dict(self.settings),
+            **control,
         }
 
     def validate(self, num_epochs: int = 8) -> None:
@@ -279,7 +287,7 @@ def make_row(
     method = REGISTRY[kind]
     values = method.defaults()
     for s in method.settings:
-        if defaults and s.key in defaults:
+        if defaults and s.key in defaults and s.shared:
             values[s.name] = defaults[s.key]
     unknown = set(settings) - set(values)
     if unknown:
@@ -321,13 +329,16 @@ def parse_methods(
     return rows
 
 
-def budget_label(budget: float) -> str:
-    """The row label of the baseline trained for ``budget`` of its steps (the plain baseline at 1).
+def budget_label(budget: float, batch: float = 1.0) -> str:
+    """The row label of the baseline trained for ``budget`` of its steps or on batches of ``batch`` of
+    the batch size (the plain baseline at 1).
 
     Example:
-        >>> budget_label(0.5), budget_label(1.0)
-        ('baseline[budget=0.5]', 'baseline')
+        >>> budget_label(0.5), budget_label(1.0), budget_label(1.0, batch=0.7)
+        ('baseline[budget=0.5]', 'baseline', 'baseline[batch=0.7]')
     """
+    if batch != 1.0:
+        return f"baseline[batch={batch:g}]"
     return "baseline" if budget == 1.0 else f"baseline[budget={budget:g}]"
 
 
@@ -337,48 +348,9 @@ def global_setting(key: str) -> tuple[str, list[str], Any]:
 
     Example:
         >>> global_setting("sb_keep"), global_setting("delta")[1]
-        (('keep', ['sb', 'infobatch+sb'], 0.5), ['random', 'infobatch', 'infobatch+sb', 'seta'])
+        (('keep', ['sb', 'infobatch+sb', 'infobatch+uniform'], 0.5), ['random', 'infobatch', 'infobatch+sb', 'seta', 'infobatch+uniform'])
     """
-    found = [(k.name, s) for k in REGISTRY.values() for s in k.settings if s.key == key]
+    found = [(k.name, s) for k in REGISTRY.values() for s in k.settings if s.key == key and s.shared]
     if not found:
         raise KeyError(f"no setting is written {key!r} in results.json")
     return found[0][1].name, [kind for kind, _ in found], found[0][1].default
-
-
-def methods_help() -> str:
-    """The kinds and their settings, for ``leanbatch bench --help``: one line per kind (name, family:
-    what it does), then each kind's settings with their defaults and old spellings.
-
-    Example:
-        >>> print(methods_help().splitlines()[1])
-          baseline        baseline   plain training on every sample; budget=b trains b of its steps, its schedule ending there
-    """
-    lines = [
-        "method kinds (--methods NAME or NAME[setting=value,...]; a bracketed item is a row of its own):"
-    ]
-    lines += [f"  {k.name:<15} {k.family:<10} {k.description}" for k in REGISTRY.values()]
-    lines += [
-        "",
-        "settings (the library's names and the papers' defaults; old spellings in parentheses work too):",
-    ]
-    for k in REGISTRY.values():
-        rows = _pack([s.describe() for s in k.settings], 90)
-        lines += [f"  {k.name:<15} {rows[0]}", *(f"  {'':<15} {r}" for r in rows[1:])]
-    lines += [
-        "",
-        "--prune-ratio, --delta, --sb-* and --stack-scores set the setting of that old spelling in every row",
-        "that has it; max_weight and final_pressure take none (or 0) for off.",
-    ]
-    return "\n".join(lines)
-
-
-def _pack(items: list[str], width: int) -> list[str]:
-    """``items`` joined by commas into lines of at most ``width`` characters, never splitting one."""
-    lines = [items[0]]
-    for item in items[1:]:
-        if len(lines[-1]) + 2 + len(item) > width:
-            lines[-1] += ","
-            lines.append(item)
-        else:
-            lines[-1] += ", " + item
-    return lines

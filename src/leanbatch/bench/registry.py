@@ -10,8 +10,11 @@ value fails with the library's own message (:mod:`leanbatch.checks`), naming its
 Each :class:`Setting` also lists its *aliases*: the bracket spellings of earlier versions
 (``sb_keep``, ``prune_fraction``, ``ib_warmup``...). The first alias, or the name when there is
 none, is the setting's key in ``config.methods`` of ``results.json`` (unchanged from before).
-``twin`` names the kind that makes the same choice uniformly at random (InfoBatch's is
-``random``); what the choosing buys is the difference between the two.
+``twin`` (a :class:`Twin`) says how to make the row that makes the same choice uniformly at
+random: InfoBatch's is ``random``, Selective Backprop's (and the proxy's, RHO-LOSS's) the
+``uniform`` kind with the same window and keep, online batch selection's itself at
+``pressure=1``. ``leanbatch bench --controls`` runs it beside its method
+(:mod:`leanbatch.bench.controls`); what the choosing buys is the difference between the two.
 
 Example:
     >>> REGISTRY["rs2"].family, [s.name for s in REGISTRY["rs2"].settings]
@@ -22,41 +25,28 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
-import torch
-import torch.nn.functional as F
-from torch import nn
-
+from leanbatch.bench import builders as build
+from leanbatch.bench.builders import PolicyBuilder, SelectorBuilder, SelectorContext, Settings
 from leanbatch.checks import check_choice, check_real
-from leanbatch.policies import (
-    EpsilonGreedyPolicy,
-    InfoBatchPolicy,
-    Policy,
-    RandomPolicy,
-    RS2Policy,
-    SeTaPolicy,
-    UCBPolicy,
-)
-from leanbatch.selection import OnlineBatchSelection, ProxyScorer, SelectiveBackprop, Selector
+from leanbatch.policies import InfoBatchPolicy, Policy, RandomPolicy
+from leanbatch.selection import Selector
 
 __all__ = [
     "FAMILIES",
     "MAX_BUDGET",
     "REGISTRY",
     "MethodKind",
-    "ProxyFactory",
     "SelectorContext",
     "Setting",
+    "Twin",
 ]
 
 FAMILIES = ("baseline", "pruning", "selecting", "both")
 MAX_BUDGET = 4.0  # a budget above 1 trains longer than the baseline (a frontier reaching slower methods)
-
-Settings = Mapping[str, Any]
-ProxyFactory = Callable[[float], tuple[nn.Module, torch.optim.Optimizer]]  # width -> proxy, its optimiser
 
 
 @dataclass(frozen=True)
@@ -65,7 +55,9 @@ class Setting:
 
     ``type`` reads the bracket text: ``"float"``, ``"int"``, ``"choice"`` (one of ``choices``) or
     ``"optional"`` (a float, or ``0``/``none`` for ``None``: the option off). ``check`` validates a
-    bench-only setting (the library's objects check the others when they are built).
+    bench-only setting (the library's objects check the others when they are built). ``shared``:
+    the global option of its key (``--delta``...) sets it too (not for a setting whose default
+    differs from the option's).
 
     Example:
         >>> s = Setting("max_weight", None, "optional", aliases=("ib_max_weight",))
@@ -79,6 +71,7 @@ class Setting:
     aliases: tuple[str, ...] = ()
     choices: tuple[str, ...] = ()
     check: Callable[[Any], Any] | None = None
+    shared: bool = True
 
     @property
     def key(self) -> str:
@@ -98,23 +91,20 @@ class Setting:
         return f"{self.name}={default}{alias}"
 
 
-class SelectorContext(NamedTuple):
-    """What building a selector needs besides its settings: the run's seed, the dataset's size (a
-    memory of losses) and how to make a proxy model of a given width with its optimiser.
+@dataclass(frozen=True)
+class Twin:
+    """How a kind's uniform twin is made: the twin's ``kind``, the settings ``fixed`` to make its choice
+    uniform (the rest are copied from the method's row where the twin has them, else its defaults)
+    and the ``name`` its label ends with: ``<label>~<name>``.
 
     Example:
-        >>> import torch
-        >>> def proxy(width):
-        ...     model = torch.nn.Linear(2, 2)
-        ...     return model, torch.optim.SGD(model.parameters(), lr=0.1)
-        >>> ctx = SelectorContext(seed=0, num_samples=100, proxy=proxy)
-        >>> REGISTRY["obs"].build_selector(REGISTRY["obs"].defaults(), ctx).keep
-        0.5
+        >>> REGISTRY["obs"].twin
+        Twin(kind='obs', fixed=(('pressure', 1.0), ('final_pressure', None)), name='uniform')
     """
 
-    seed: int
-    num_samples: int
-    proxy: ProxyFactory
+    kind: str
+    fixed: tuple[tuple[str, Any], ...] = ()
+    name: str = "uniform"
 
 
 @dataclass(frozen=True)
@@ -122,7 +112,7 @@ class MethodKind:
     """A registered method: see the module docstring.
 
     Example:
-        >>> REGISTRY["infobatch+sb"].prunes, REGISTRY["infobatch+sb"].selects, REGISTRY["infobatch"].twin
+        >>> REGISTRY["infobatch+sb"].prunes, REGISTRY["infobatch+sb"].selects, REGISTRY["infobatch"].twin.kind
         (True, True, 'random')
     """
 
@@ -130,9 +120,9 @@ class MethodKind:
     family: str
     description: str
     settings: tuple[Setting, ...]
-    policy: Callable[[Settings, int, int], Policy] | None = None  # (settings, num_epochs, seed)
-    selector: Callable[[Settings, SelectorContext], Selector] | None = None
-    twin: str | None = None  # the kind that makes the same choice uniformly at random
+    policy: PolicyBuilder | None = None  # (settings, num_epochs, seed)
+    selector: SelectorBuilder | None = None
+    twin: Twin | None = None  # how to make the row that makes the same choice uniformly at random
     default_run: bool = False  # one of the rows of a plain ``leanbatch bench``
     # Keys of global options that earlier versions also wrote into this kind's entry of
     # config.methods though it does not use them; still written, so old readers find them.
@@ -173,67 +163,8 @@ class MethodKind:
         for s in self.settings:
             if s.check is not None:
                 s.check(settings[s.name])
-
-
-# ---------------------------------------------------------------------------- builders
-def _rescaled(cls: type[InfoBatchPolicy] | type[RandomPolicy]) -> Callable[[Settings, int, int], Policy]:
-    """The builder of InfoBatch's policy (``InfoBatchPolicy``) or of its uniform twin (``RandomPolicy``)."""
-
-    def build(s: Settings, num_epochs: int, seed: int) -> Policy:
-        return cls(
-            s["prune_ratio"],
-            num_epochs,
-            s["delta"],
-            target=s["target"],
-            warmup_epochs=s["warmup_epochs"],
-            refresh_every=s["refresh_every"],
-            max_weight=s["max_weight"],
-        )
-
-    return build
-
-
-def _rs2(s: Settings, num_epochs: int, seed: int) -> Policy:
-    return RS2Policy(s["prune_ratio"], num_epochs, seed=seed)
-
-
-def _epsilon_greedy(s: Settings, num_epochs: int, seed: int) -> Policy:
-    return EpsilonGreedyPolicy(s["prune_ratio"], num_epochs, epsilon=s["epsilon"], ema=s["ema"])
-
-
-def _ucb(s: Settings, num_epochs: int, seed: int) -> Policy:
-    return UCBPolicy(s["prune_ratio"], num_epochs, epsilon=s["epsilon"], ema=s["ema"], c=s["c"])
-
-
-def _seta(s: Settings, num_epochs: int, seed: int) -> Policy:
-    return SeTaPolicy(s["prune_ratio"], num_epochs, s["num_groups"], s["window_scale"], s["delta"])
-
-
-def _window(s: Settings) -> dict[str, Any]:
-    """The settings every selector shares: the share kept and the window (start, end, interrupt)."""
-    return {name: s[name] for name in ("keep", "start", "end", "interrupt")}
-
-
-def _selective_backprop(s: Settings, ctx: SelectorContext) -> Selector:
-    return SelectiveBackprop(**_window(s), scale_factor=s["scale_factor"], seed=ctx.seed)
-
-
-def _online_batch_selection(s: Settings, ctx: SelectorContext) -> Selector:
-    return OnlineBatchSelection(
-        ctx.num_samples,
-        **_window(s),
-        pressure=s["pressure"],
-        final_pressure=s["final_pressure"],
-        seed=ctx.seed,
-    )
-
-
-def _proxy(s: Settings, ctx: SelectorContext) -> Selector:
-    model, optimizer = ctx.proxy(s["width"])
-    scorer = ProxyScorer(
-        model, optimizer, F.cross_entropy, train_every=s["train_every"], train_keep=s["train_keep"]
-    )
-    return SelectiveBackprop(**_window(s), rule="top", scorer=scorer, seed=ctx.seed)
+        if self.name == "baseline" and settings["budget"] != 1.0 and settings["batch"] != 1.0:
+            raise ValueError("a baseline row trains a budget of steps or a batch budget, not both")
 
 
 # ---------------------------------------------------------------------------- settings
@@ -241,8 +172,27 @@ def _budget(v: Any) -> float:
     return check_real(v, "budget", 0.0, MAX_BUDGET, low_open=True, hint="a share of the baseline's steps")
 
 
+def _batch(v: Any) -> float:
+    return check_real(v, "batch", 0.0, MAX_BUDGET, low_open=True, hint="a share of the baseline's batch size")
+
+
 def _width(v: Any) -> float:
     return check_real(v, "width", 0.0, 1.0, low_open=True, hint="the proxy's width, a share of the model's")
+
+
+def _il_width(v: Any) -> float:
+    return check_real(v, "il_width", 0.0, 1.0, low_open=True, hint="the holdout model's width, a share")
+
+
+def _holdout(v: Any) -> float:
+    hint = "the share of the training set the holdout model trains on"
+    return check_real(v, "holdout", 0.0, 1.0, low_open=True, high_open=True, hint=hint)
+
+
+def _il_epochs(v: Any) -> Any:
+    if v is not None and (v != int(v) or v < 1):
+        raise ValueError(f"il_epochs must be a whole number >= 1 or none (the run's epochs), got {v:g}")
+    return v
 
 
 def _stack(v: Any) -> str:
@@ -270,6 +220,8 @@ _WINDOW = (  # online batch selection and the proxy select on every batch of the
     Setting("end", 1.0, aliases=("sel_end",)),
     Setting("interrupt", 0, "int", ("sel_interrupt",)),
 )
+_UNIFORM = tuple(Setting(s.name, s.default, s.type) for s in _WINDOW)  # the twin's: no old spellings
+_PRESSURE_ONE = (("pressure", 1.0), ("final_pressure", None))  # the loss-rank draw made uniform
 _SB_OPTIONS = ("sb_keep", "sb_start", "sb_end", "sb_scale", "sb_interrupt")  # the --sb-* options' keys
 _BUDGETED = (Setting("prune_ratio", 0.3, aliases=("prune_fraction",)),)
 _BANDIT = (*_BUDGETED, Setting("epsilon", 0.1), Setting("ema", 0.9, aliases=("score_ema",)))
@@ -278,8 +230,9 @@ _KINDS = (
     MethodKind(
         "baseline",
         "baseline",
-        "plain training on every sample; budget=b trains b of its steps, its schedule ending there",
-        (Setting("budget", 1.0, check=_budget),),
+        "plain training; budget=b: b of its steps; batch=b: its steps on batches of b x the batch size; "
+        "the schedule ends at the run's end",
+        (Setting("budget", 1.0, check=_budget), Setting("batch", 1.0, check=_batch)),
         default_run=True,
     ),
     MethodKind(
@@ -287,7 +240,7 @@ _KINDS = (
         "pruning",
         "dynamic random pruning: InfoBatch's expected budget and rescaling, samples drawn uniformly",
         _INFOBATCH,
-        policy=_rescaled(RandomPolicy),
+        policy=build.rescaled(RandomPolicy),
         default_run=True,
     ),
     MethodKind(
@@ -295,8 +248,8 @@ _KINDS = (
         "pruning",
         "InfoBatch (Qin et al. 2024): drop a share of the below-mean-loss samples, rescale the rest",
         _INFOBATCH,
-        policy=_rescaled(InfoBatchPolicy),
-        twin="random",
+        policy=build.rescaled(InfoBatchPolicy),
+        twin=Twin("random", name="random"),
         default_run=True,
     ),
     MethodKind(
@@ -304,7 +257,8 @@ _KINDS = (
         "selecting",
         "Selective Backprop (Jiang et al. 2019): backprop the hard rows, ranked by a downsampled pass",
         _SB,
-        selector=_selective_backprop,
+        selector=build.selective_backprop,
+        twin=Twin("uniform"),
         default_run=True,
     ),
     MethodKind(
@@ -316,8 +270,9 @@ _KINDS = (
             *_SB,
             Setting("stack_scores", "selection", "choice", choices=("selection", "trained"), check=_stack),
         ),
-        policy=_rescaled(InfoBatchPolicy),
-        selector=_selective_backprop,
+        policy=build.rescaled(InfoBatchPolicy),
+        selector=build.selective_backprop,
+        twin=Twin("infobatch+uniform"),
         default_run=True,
     ),
     MethodKind(
@@ -325,21 +280,21 @@ _KINDS = (
         "pruning",
         "RS2 (Okanovic et al. 2023): a fresh random subset each epoch, cycling through the data",
         _BUDGETED,
-        policy=_rs2,
+        policy=build.rs2,
     ),
     MethodKind(
         "epsilon-greedy",
         "pruning",
         "epsilon-greedy pruning (Raju et al. 2021): keep the highest loss EMA, an epsilon share at random",
         _BANDIT,
-        policy=_epsilon_greedy,
+        policy=build.epsilon_greedy,
     ),
     MethodKind(
         "ucb",
         "pruning",
         "UCB pruning (Raju et al. 2021): keep the highest loss mean + c * std, an epsilon share at random",
         (*_BANDIT, Setting("c", 1.0, aliases=("ucb_c",))),
-        policy=_ucb,
+        policy=build.ucb,
     ),
     MethodKind(
         "seta",
@@ -351,7 +306,7 @@ _KINDS = (
             Setting("window_scale", 0.9, aliases=("seta_window",)),
             Setting("delta", 0.875),
         ),
-        policy=_seta,
+        policy=build.seta,
     ),
     MethodKind(
         "obs",
@@ -362,7 +317,8 @@ _KINDS = (
             Setting("pressure", 100.0, aliases=("obs_pressure",)),
             Setting("final_pressure", None, "optional", ("obs_final_pressure",)),
         ),
-        selector=_online_batch_selection,
+        selector=build.online_batch_selection,
+        twin=Twin("obs", _PRESSURE_ONE),
         recorded=_SB_OPTIONS,
     ),
     MethodKind(
@@ -375,8 +331,51 @@ _KINDS = (
             Setting("train_keep", 0.5, aliases=("proxy_keep",)),
             Setting("train_every", 1, "int", ("proxy_every",)),
         ),
-        selector=_proxy,
+        selector=build.proxy,
+        twin=Twin("uniform"),
         recorded=_SB_OPTIONS,
+    ),
+    MethodKind(
+        "obs-epoch",
+        "pruning",
+        "online batch selection per epoch: keep of the whole dataset drawn by loss rank, full batches",
+        (
+            Setting("keep", 0.7),
+            Setting("pressure", 100.0),
+            Setting("final_pressure", None, "optional"),
+            Setting("delta", 1.0, shared=False),  # --delta (InfoBatch's 0.875) does not set it
+        ),
+        policy=build.loss_rank,
+        twin=Twin("obs-epoch", _PRESSURE_ONE),
+    ),
+    MethodKind(
+        "rho-loss",
+        "selecting",
+        "RHO-LOSS (Mindermann et al. 2022): train the rows of largest loss minus a holdout model's loss",
+        (
+            *_UNIFORM,
+            Setting("scale_factor", 1.0),
+            Setting("holdout", 0.1, check=_holdout),
+            Setting("il_width", 0.25, check=_il_width),
+            Setting("il_epochs", None, "optional", check=_il_epochs),
+        ),
+        selector=build.rho_loss,
+        twin=Twin("uniform"),
+    ),
+    MethodKind(
+        "uniform",
+        "selecting",
+        "the uniform twin of a batch selection: a random keep share of each batch, no scoring",
+        _UNIFORM,
+        selector=build.uniform,
+    ),
+    MethodKind(
+        "infobatch+uniform",
+        "both",
+        "the twin of infobatch+sb: InfoBatch's pruning, then a random keep share of each served batch",
+        (*_INFOBATCH, *(s for s in _SB if s.name != "scale_factor")),
+        policy=build.rescaled(InfoBatchPolicy),
+        selector=build.uniform,
     ),
 )
 REGISTRY: dict[str, MethodKind] = {k.name: k for k in _KINDS}

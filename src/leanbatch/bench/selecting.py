@@ -13,8 +13,8 @@ library's, built by the registry (:mod:`leanbatch.bench.registry`) from the row'
 
 from __future__ import annotations
 
-import inspect
-from typing import NamedTuple
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -22,12 +22,12 @@ from torch import Tensor, nn
 
 from leanbatch.bench.config import TrainConfig
 from leanbatch.bench.data import DataSplit
+from leanbatch.bench.irreducible import train_irreducible
 from leanbatch.bench.methods import MethodRow
-from leanbatch.bench.models import CompactResNet, SmallCNN
 from leanbatch.bench.registry import SelectorContext
 from leanbatch.selection import MemoryScores, ProxyScorer, ScorerScores, Selector, num_selected
 
-__all__ = ["Picked", "Selection", "proxy_widths", "smallest_trained"]
+__all__ = ["Picked", "Selection", "smallest_trained"]
 
 
 class Picked(NamedTuple):
@@ -51,7 +51,8 @@ class Selection:
 
     ``forwards``: selection runs a scoring forward of its own (the model downsampled, or a proxy),
     counted in the work; ``memory``: it ranks by the last trained losses, which :meth:`record`
-    stores. A proxy model (``sb-proxy``) is built here with the main run's optimiser settings and
+    stores; ``setup``: what a holdout model trained here cost (``rho-loss``:
+    :func:`~leanbatch.bench.irreducible.train_irreducible`), else None. A proxy model (``sb-proxy``) is built here with the main run's optimiser settings and
     follows its learning rate. With BatchNorm in the model, a batch on which selection would train
     a single row (of the model or of the proxy) trains in full instead: BatchNorm cannot
     normalise one row. Selection leaves the model's BatchNorm statistics untouched.
@@ -68,13 +69,19 @@ class Selection:
 
     def __init__(self, row: MethodRow, seed: int, data: DataSplit, cfg: TrainConfig, batchnorm: bool = True):
         self.proxy_opt: torch.optim.Optimizer | None = None
+        self.setup: dict[str, float] | None = None  # what a holdout model cost (rho-loss)
 
         def proxy(width: float) -> tuple[nn.Module, torch.optim.Optimizer]:
-            model = cfg.make_model(data, proxy_widths(data, cfg, width))
-            self.proxy_opt = _sgd(model, cfg)
+            model = cfg.make_model(data, cfg.scaled_widths(data, width))
+            self.proxy_opt = cfg.optimizer(model)
             return model, self.proxy_opt
 
-        self.selector: Selector = row.make_selector(SelectorContext(seed, data.num_train, proxy))
+        def irreducible(settings: Mapping[str, Any]) -> Tensor:
+            losses, self.setup = train_irreducible(data, cfg, seed, settings)
+            return losses
+
+        context = SelectorContext(seed, data.num_train, proxy, irreducible)
+        self.selector: Selector = row.make_selector(context)
         source = self.selector.source
         self.memory = isinstance(source, MemoryScores)
         self.forwards = source is not None and not self.memory
@@ -120,27 +127,3 @@ def smallest_trained(selector: Selector, n: int) -> int:
     if isinstance(scorer, ProxyScorer) and scorer.train:
         rows = min(rows, num_selected(n, scorer.train_keep))
     return rows
-
-
-def proxy_widths(data: DataSplit, cfg: TrainConfig, scale: float) -> tuple[int, ...]:
-    """The main model's stage widths (its defaults unless ``--widths``) times ``scale``, at least 4.
-
-    Example:
-        >>> from leanbatch.bench.data import load_data
-        >>> proxy_widths(load_data("digits", 64, 16), TrainConfig(widths=(16, 32, 64)), 0.25)
-        (4, 8, 16)
-    """
-    cls = SmallCNN if cfg.resolved_model(data) == "cnn" else CompactResNet
-    widths = cfg.widths or inspect.signature(cls).parameters["widths"].default
-    return tuple(max(4, round(w * scale)) for w in widths)
-
-
-def _sgd(model: nn.Module, cfg: TrainConfig) -> torch.optim.SGD:
-    """The run's optimiser for ``model``: SGD with the config's momentum, Nesterov and weight decay."""
-    return torch.optim.SGD(
-        model.parameters(),
-        lr=cfg.lr,
-        momentum=cfg.momentum,
-        nesterov=cfg.nesterov,
-        weight_decay=cfg.weight_decay,
-    )

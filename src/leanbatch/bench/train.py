@@ -17,7 +17,12 @@ the end of training however many steps an epoch has. (Earlier versions warmed up
 ``(progress + 1e-3) / warmup``; the library's warm-up starts at 0, so the first step trains at
 learning rate 0.) A baseline with a ``budget`` (a fraction of the baseline's steps, for the
 equal-time frontier) counts its progress in steps, ``training_progress(step=, total_steps=)``, and
-cuts its last epoch short where the steps run out, so its schedule, too, ends at its own end.
+cuts its last epoch short where the steps run out, so its schedule, too, ends at its own end. A
+baseline with a ``batch`` budget trains as many steps as the full baseline on batches of
+``round(batch * batch_size)`` rows, counted the same way. ``cfg.lr_rule`` ``scaled`` multiplies
+the LR of a step by the rows it trains over the batch size: a batch budget's every step, and a
+selecting row's steps that train a selection (``same``: no change). A holdout model that a
+row trains before its first epoch (``rho-loss``) is charged to its clocks.
 With BatchNorm in the model, an epoch's last batch of one sample is left out (counted in
 ``EpochRecord.dropped``). The clock runs only around training (planning an epoch included);
 evaluation on the test split after every epoch is not timed.
@@ -95,6 +100,9 @@ class Trainer:
     """
 
     def __init__(self, data: DataSplit, row: MethodRow, seed: int, cfg: TrainConfig):
+        full_steps = cfg.batches(data.num_train, cfg.batchnorm(data))  # the full baseline's per epoch
+        if row.batch != 1.0:
+            cfg = cfg.at_batch(row.batch)  # a batch-budget baseline: smaller batches, LR by the rule
         self.data, self.row, self.seed, self.cfg = data, row, seed, cfg
         self.device = torch.device(cfg.device)
         if cfg.flush_denormal:
@@ -102,13 +110,7 @@ class Trainer:
         torch.manual_seed(seed)  # same initial weights for every method at this seed
         self.model = cfg.make_model(data)
         self.batchnorm = has_batchnorm(self.model)
-        self.opt = torch.optim.SGD(
-            self.model.parameters(),
-            lr=cfg.lr,
-            momentum=cfg.momentum,
-            nesterov=cfg.nesterov,
-            weight_decay=cfg.weight_decay,
-        )
+        self.opt = cfg.optimizer(self.model)
         self.progress = 0.0  # the fraction of this run trained, set by the loop before each step
         self.schedule = ProgressLR(self.opt, self, cosine(warmup=cfg.warmup))
         self.augment = cfg.resolved_augment(data)
@@ -122,19 +124,24 @@ class Trainer:
             None if policy is None else InfoBatch(range(data.num_train), cfg.epochs, seed=seed, policy=policy)
         )
         self.select = Selection(row, seed, data, cfg, self.batchnorm) if row.selects else None
-        # A budget run stops after its own number of steps; the others train every epoch in full.
+        # A budget run stops after its own number of steps (a share of the full baseline's; a batch
+        # budget: all of them, on its smaller batches); the others train every epoch in full.
         self.steps_per_epoch = cfg.batches(data.num_train, self.batchnorm)
         self.total_steps: int | None = None
         self.num_epochs = cfg.epochs
-        if row.budget != 1.0:
-            self.total_steps = budget_steps(row.budget, cfg.epochs, self.steps_per_epoch)
+        if row.budget != 1.0 or row.batch != 1.0:
+            self.total_steps = budget_steps(row.budget, cfg.epochs, full_steps)
             self.num_epochs = math.ceil(self.total_steps / self.steps_per_epoch)
         self.steps_done = 0
         self.records: list[EpochRecord] = []
         self.histograms: list[dict[str, Any]] = []
         self._snapshot_epochs = snapshot_epochs(policy, cfg.epochs, cfg.histogram_epochs)
         self._pending_snapshot: Tensor | None = None
-        self.train_time = self.train_cpu = self.eval_time = 0.0
+        # A holdout model trained before the first epoch (rho-loss) is charged to the run's clocks.
+        setup = None if self.select is None else self.select.setup
+        self.train_time = 0.0 if setup is None else setup["time_s"]
+        self.train_cpu = 0.0 if setup is None else setup["cpu_time_s"]
+        self.eval_time = 0.0
         self.load_avg = [load_avg()]
 
     @property
@@ -218,6 +225,9 @@ class Trainer:
             picked = self.select(self.model, x, y, self.progress, i, idx, self.opt.param_groups[0]["lr"])
         if picked is not None:
             tally.select_forwarded += x.shape[0] if self.select.forwards else 0  # type: ignore[union-attr]
+            if cfg.lr_rule == "scaled":  # this step's LR times the share of the batch it trains
+                for group in self.opt.param_groups:  # (the schedule sets it afresh for the next step)
+                    group["lr"] *= picked.x.shape[0] / x.shape[0]
             x, y = picked.x, picked.y
         if self.augment:
             x = augment_batch(x, self.aug_gen)
@@ -242,11 +252,11 @@ class Trainer:
             return per_sample.mean()
         if picked is None:
             return ds.update(per_sample, idx)  # stores the scores, returns the rescaled mean
-        if self.row.settings["stack_scores"] == "selection":
+        if picked.losses is not None and self.row.settings.get("stack_scores") == "selection":
             w = ds.weights(idx[picked.positions])  # the selected examples' weights in this batch's plan
             ds.update(picked.losses, idx)  # type: ignore[arg-type]  # scores of every example of the batch
             return (per_sample * w).mean()
-        # "trained": only the selected examples' full-resolution losses become scores
+        # "trained" (or a uniform choice, which scores none): only the trained rows' losses become scores
         return ds.update(per_sample, idx, positions=picked.positions)
 
     def _finish_epoch(self, epoch: int, num_batches: int, served: int, tally: _Tally) -> EpochRecord:
@@ -300,6 +310,8 @@ class Trainer:
             load_avg=list(self.load_avg),
             budget=self.row.budget,
             full_epochs=self.cfg.epochs,
+            batch=self.row.batch,
+            setup=None if self.select is None else self.select.setup,
         )
 
 
