@@ -46,6 +46,7 @@ def test_each_twin_is_its_methods_choice_made_uniformly() -> None:
     rule = obs.probe_selector().selection_rule
     assert isinstance(obs.probe_selector(), OnlineBatchSelection) and obs.label.endswith("~uniform")
     assert (rule.keep, rule.pressure, rule.final_pressure) == (0.7, 1.0, None)  # type: ignore[attr-defined]
+    assert parse_methods("obs-epoch")[0].make_policy(8, 0) == LossRankPolicy(0.7, 8, 100.0, None, 1.0)
     epoch = _twin("obs-epoch[keep=0.6]")
     assert epoch.make_policy(8, 0) == LossRankPolicy(0.6, 8, 1.0, None, 1.0)
     for text in ("baseline", "random", "rs2", "uniform", "obs[pressure=1]", "obs-epoch[pressure=1]"):
