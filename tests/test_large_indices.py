@@ -18,10 +18,10 @@ def test_indices_above_two_to_the_24_survive_scores_plans_serving_and_state():
     high = torch.tensor([2**24 + 1, 2**24 + 3, 2**24 + 57, BIG - 1], dtype=torch.int64)
     losses = torch.tensor([0.25, 0.5, 0.75, 1.0])
     ds.update(torch.zeros(8), served)  # the served batch, trained
+    ds.scores.update(torch.arange(BIG - 50, BIG), torch.full((50,), 9.0))
     ds.scores.update(high, losses)  # neighbours a float32 index would merge
     assert ds.scores.get(high).tolist() == losses.tolist()
     assert torch.isnan(ds.scores.get(high[:2] + 1)).all()  # 2**24 + 2 and 2**24 + 4: untouched
-    ds.scores.update(torch.arange(BIG - 50, BIG), torch.full((50,), 9.0))
     buf = io.BytesIO()
     torch.save(ds.state_dict(), buf)
     buf.seek(0)
