@@ -134,3 +134,32 @@ def test_a_two_process_checkpoint_resumes_on_another_number_of_processes(tmp_pat
     kept = stats[1]["kept"]
     assert set(before) | set(after) == set(full[0]["plans"][1][0])  # the epoch's plan, all of it
     assert len(before) + len(after) - kept < 4 * nproc  # repeats: the new world's last-round padding only
+
+
+def test_accelerate_launch_and_fsdp_train_exactly_as_torchrun_ddp(tmp_path):
+    """``accelerate launch`` (its multi-process launcher, on the CPU) gives the torchrun run; with the
+    model sharded by FSDP, pruning, weights and scores stay exactly those of DDP."""
+    plain = torchrun(tmp_path / "plain")
+    env = dict(
+        os.environ, OMP_NUM_THREADS="1", PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", "")
+    )
+    accelerate = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
+    accelerate += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    run = subprocess.run(
+        [*accelerate, os.path.join(HERE, "hf_ddp_worker.py"), str(tmp_path / "accelerate")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    launched = [torch.load(tmp_path / "accelerate" / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    assert launched[0]["world"] == 2
+    for x, y in zip(plain, launched, strict=True):
+        same_run(x, y)
+    sharded = torchrun(tmp_path / "fsdp", "--fsdp")
+    for x, y in zip(plain, sharded, strict=True):
+        assert x["epoch_stats"] == y["epoch_stats"] and x["plans"] == y["plans"]
+        assert [m["weights"] for m in x["micro"]] == [m["weights"] for m in y["micro"]]
+        assert [m["indices"] for m in x["micro"]] == [m["indices"] for m in y["micro"]]
+        torch.testing.assert_close(x["scores"], y["scores"], equal_nan=True, rtol=1e-4, atol=1e-5)
