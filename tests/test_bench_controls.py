@@ -208,3 +208,12 @@ def test_obs_epoch_and_rho_loss_run_end_to_end(tmp_path: Path, capsys: pytest.Ca
     assert rho["work_fraction"] == pytest.approx(work)  # the selection forward at full size, the IL model
     assert rho["backward_fraction"] == pytest.approx((trained + 64) / full)
     assert all(r["final_test_acc"] > 25.0 for r in runs.values())  # every row learned (chance: 10%)
+
+
+def test_rho_loss_on_the_models_own_widths_counts_its_flops() -> None:
+    """Regression: the holdout model's FLOPs were counted in training mode on one sample, which
+    BatchNorm refuses where the feature map is 1x1 (digits at the model's default widths)."""
+    from leanbatch.bench.irreducible import flop_share
+
+    data = load_data("digits", 64, 16)
+    assert 0 < flop_share(data, TrainConfig(), TrainConfig().scaled_widths(data, 0.5)) < 1

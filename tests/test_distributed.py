@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from ranks import spawn_ranks
 from torch.utils.data import DataLoader, TensorDataset
 
 from leanbatch import InfoBatch, ScoreTable
@@ -20,7 +20,7 @@ N, WORLD, EPOCHS = 203, 2, 3
 def run_ranks(worker: Callable[[int, str, str], None]) -> list[Any]:
     """Run ``worker(rank, init_file, out_dir)`` on WORLD processes; what each saved to ``rank{r}.pt``."""
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(worker, args=(os.path.join(tmp, "init"), tmp), nprocs=WORLD, join=True)
+        spawn_ranks(worker, (os.path.join(tmp, "init"), tmp), WORLD)
         return [torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(WORLD)]
 
 
@@ -170,3 +170,37 @@ def test_a_resumed_epoch_is_sharded_like_the_group_even_when_built_before_it():
         assert torch.equal(r["rest"], r["whole"][8:])  # this rank's shard, from where it stopped
     assert a["len"] == b["len"] == math.ceil(N / WORLD) - 8
     assert not set(a["rest"].tolist()) & set(b["rest"].tolist())
+
+
+def _short_last_batch_worker(rank: int, init_file: str, out_dir: str) -> None:
+    """11 samples on 2 ranks in batches of 4: each shard is 6 (one of them padding), so every rank's
+    last batch is 2 rows; rank 0 trains one row of each batch, rank 1 all of them (as a selection
+    that keeps different counts on different ranks would)."""
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    try:
+        ds = InfoBatch(list(range(11)), 2, prune_ratio=0.5, seed=3)
+        loader = DataLoader(ds, batch_size=4, sampler=ds.sampler)
+        sizes, kept = [], []
+        for epoch in range(2):
+            ds.set_epoch(epoch)
+            for idx in loader:
+                pos = torch.arange(1) if rank == 0 else torch.arange(idx.numel())
+                ds.update(idx[pos].float().requires_grad_(), idx, positions=pos)  # loss = the index
+                sizes.append(idx.numel())
+                kept.extend(idx[pos].tolist())
+        ds.scores.sync()
+        torch.save(
+            {"sizes": sizes, "kept": kept, "scores": ds.scores.values, "stats": ds.epoch_stats},
+            os.path.join(out_dir, f"rank{rank}.pt"),
+        )
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_short_last_batch_and_unequal_selections_do_not_hang_the_ranks():
+    a, b = run_ranks(_short_last_batch_worker)
+    assert a["sizes"][:2] == b["sizes"][:2] == [4, 2]  # epoch 0: a full batch, then a short one
+    assert a["stats"] == b["stats"] and torch.equal(a["scores"].nan_to_num(-1), b["scores"].nan_to_num(-1))
+    scored = torch.isfinite(a["scores"]).nonzero().flatten().tolist()
+    assert set(scored) == set(a["kept"]) | set(b["kept"])  # every trained row scored, on both ranks
+    assert all(a["scores"][i] == i for i in scored)

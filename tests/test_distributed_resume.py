@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from ranks import spawn_ranks
 from torch.utils.data import DataLoader, TensorDataset
 
 from leanbatch import InfoBatch
@@ -54,7 +54,7 @@ def _worker(rank: int, world: int, init: str, out: str, resume: str | None) -> N
 
 def run(world: int, out: str, resume: str | None = None) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_worker, args=(world, os.path.join(tmp, "init"), out, resume), nprocs=world, join=True)
+        spawn_ranks(_worker, (world, os.path.join(tmp, "init"), out, resume), world)
     name = "resumed" if resume else "full"
     return [torch.load(os.path.join(out, f"{name}{r}.pt"), weights_only=False) for r in range(world)]
 
@@ -140,7 +140,7 @@ def test_pruning_weights_and_scores_are_exact_when_the_model_is_sharded_by_fsdp(
     for sharded in (False, True):
         with tempfile.TemporaryDirectory() as tmp:
             args = (2, os.path.join(tmp, "init"), str(tmp_path), sharded)
-            mp.spawn(_fsdp_worker, args=args, nprocs=2, join=True)
+            spawn_ranks(_fsdp_worker, args, 2)
         name = "fsdp" if sharded else "ddp"
         runs[name] = [torch.load(tmp_path / f"{name}{r}.pt", weights_only=False) for r in range(2)]
     for ddp, fsdp in zip(runs["ddp"], runs["fsdp"], strict=True):

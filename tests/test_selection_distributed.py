@@ -8,8 +8,8 @@ import tempfile
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
+from ranks import spawn_ranks
 
 from leanbatch.rng import DEFAULT_SEED
 from leanbatch.selection import SelectiveBackprop, seed_selection, select_using_loss
@@ -78,7 +78,7 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
 
 def test_ddp_ranks_draw_their_own_patterns_reproducibly_and_resume_from_any_rank() -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_worker, args=(os.path.join(tmp, "init"), tmp), nprocs=WORLD, join=True)
+        spawn_ranks(_worker, (os.path.join(tmp, "init"), tmp), WORLD)
         runs = [torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(WORLD)]
     a, b = runs
     # identical losses on both ranks, yet the kept positions differ on (essentially) every step

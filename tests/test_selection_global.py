@@ -8,15 +8,14 @@ from __future__ import annotations
 import datetime
 import os
 import tempfile
-import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn as nn
+from ranks import spawn_ranks
 from selection_helpers import READS
 from test_selection_oracles import exact_inclusion
 
@@ -40,18 +39,7 @@ FREQ_STEPS, FREQ_LOSSES = 2000, ([0.3, 0.1, 0.7, 0.5], [0.2, 0.8, 0.4, 0.6])  # 
 def spawn(worker: Callable[..., None], deadline: float = DEADLINE) -> list[Any]:
     """Run ``worker(rank, init_file, out_dir)`` on WORLD processes; what each saved; fail on a hang."""
     with tempfile.TemporaryDirectory() as tmp:
-        ctx = mp.start_processes(
-            worker, args=(os.path.join(tmp, "init"), tmp), nprocs=WORLD, join=False, start_method="spawn"
-        )
-        end = time.monotonic() + deadline
-        try:
-            while not ctx.join(timeout=1.0):
-                if time.monotonic() > end:
-                    pytest.fail(f"the ranks still ran after {deadline} s: a collective hangs")
-        finally:
-            for p in ctx.processes:  # only the processes this test started
-                if p.is_alive():
-                    p.kill()
+        spawn_ranks(worker, (os.path.join(tmp, "init"), tmp), WORLD, deadline)
         return [torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(WORLD)]
 
 

@@ -10,6 +10,8 @@ configuration results.json records, the runs, the published results (:func:`publ
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import shlex
 import sys
 import time
@@ -25,6 +27,7 @@ if TYPE_CHECKING:  # torch loads inside the functions: these are for the types o
     from leanbatch.bench.data import DataSplit
     from leanbatch.bench.methods import MethodRow
     from leanbatch.bench.records import RunResult
+    from leanbatch.bench.world import World
 
 __all__ = ["int_list", "publish", "resolve_device", "run_bench"]
 
@@ -124,18 +127,33 @@ def run_bench(args: argparse.Namespace) -> int:
         >>> torch.set_flush_denormal(False)  # the bench flushes denormals for its process
         True
     """
+    from leanbatch.bench.world import World
+
+    world = World.from_env(resolve_device(args.device))  # torchrun's processes, or this one alone
+    try:
+        with contextlib.nullcontext() if world.main else contextlib.redirect_stdout(io.StringIO()):
+            return _bench(args, world)  # rank 0 prints and writes; the others train beside it
+    finally:
+        world.close()
+
+
+def _bench(args: argparse.Namespace, world: Any) -> int:
+    """The bench in ``world``: options, runs, results (rank 0 writes them)."""
     import torch
 
-    job = _bench_options(args)
+    job = _bench_options(args, world)
     data, cfg = job.data, job.cfg
+    procs = f", {world.size} processes (torchrun)" if world.size > 1 else ""
     print(
         f"leanbatch bench: {data.name} ({data.num_train} train / {data.num_test} test, "
         f"{tuple(data.x_train.shape[1:])}), model {job.config['model']}, {cfg.epochs} epochs, batch {cfg.batch_size}, "
-        f"seeds {job.seeds}, device {cfg.device}, {torch.get_num_threads()} threads",
+        f"seeds {job.seeds}, device {cfg.device}, {torch.get_num_threads()} threads{procs}",
         flush=True,
     )
     t_start = time.perf_counter()
     runs, interrupted = _train_seeds(job, args)
+    if not world.main:
+        return 130 if interrupted else 0
     return _finish(job, runs, interrupted, time.perf_counter() - t_start)
 
 
@@ -155,10 +173,11 @@ class _Job:
     command: str
     tolerance: float
     no_plots: bool
+    world: World
     unfinished: Path  # where saves go until the run completes (a result from before is only replaced then)
 
 
-def _bench_options(args: argparse.Namespace) -> _Job:
+def _bench_options(args: argparse.Namespace, world: World) -> _Job:
     """Every option checked, the data loaded and the rows built, before anything trains or is written;
     results.json's ``config``. Bad input is a :class:`CLIError` (or the data's, the methods' error):
     one line."""
@@ -209,42 +228,55 @@ def _bench_options(args: argparse.Namespace) -> _Job:
         augment=args.augment,
         lr_rule=args.lr_rule,
     )
-    dropped = _check_batches(data, rows, cfg)
+    dropped = _check_batches(data, rows, cfg, world)
     check_out_folder(out)
     unfinished = unfinished_path(out)  # decided before anything is written
     command = "leanbatch " + " ".join(shlex.quote(a) for a in (args.argv or []))
-    config = _bench_config(args, cfg, data, rows, seeds, dropped)
-    return _Job(data, rows, seeds, cfg, out, config, command, args.tolerance, args.no_plots, unfinished)
+    config = {**_bench_config(args, cfg, data, rows, seeds, dropped), "world_size": world.size}
+    return _Job(
+        data, rows, seeds, cfg, out, config, command, args.tolerance, args.no_plots, world, unfinished
+    )
 
 
-def _check_batches(data: DataSplit, rows: list[MethodRow], cfg: TrainConfig) -> bool:
+def _check_batches(data: DataSplit, rows: list[MethodRow], cfg: TrainConfig, world: World) -> bool:
     """Refuse batches the model cannot train; whether a full epoch's last batch of one is left out
-    (with BatchNorm in the model, which cannot normalise a single sample), said on the terminal."""
+    (with BatchNorm in the model, which cannot normalise a single sample), said on the terminal.
+    Under torchrun each rank trains ``batch_size / world`` rows of a step, which must divide."""
     from leanbatch.bench.data import check_image_size
     from leanbatch.bench.selecting import smallest_trained
 
-    bs = cfg.batch_size
+    bs, w = cfg.batch_size, world.size
     if bs > data.num_train:
         raise CLIError(f"--batch-size {bs} is larger than the training set ({data.num_train} samples)")
+    if bs % w:
+        raise CLIError(
+            f"--batch-size {bs} does not split into {w} equal shares, one per torchrun process: use a multiple of {w}"
+        )
     scales = [r.settings["scale_factor"] for r in rows if "scale_factor" in r.settings]
     check_image_size(data, cfg.resolved_augment(data), scales)
     _check_budget_rows(data, rows, bs)
     if not cfg.batchnorm(data):
         return False
-    if bs == 1:
+    local, share = bs // w, world.share(data.num_train)
+    per_rank = f" ({w} processes: {local} rows each)" if w > 1 else ""
+    if local == 1:
         raise CLIError(
-            "--batch-size 1: the model normalises by batch statistics (BatchNorm), which needs 2 or more"
+            f"--batch-size {bs}{per_rank}: the model normalises by batch statistics (BatchNorm), which needs 2 rows or more"
         )
     for row in rows:
-        if row.selects and smallest_trained(row.probe_selector(), bs) < 2:
+        if row.selects and smallest_trained(row.probe_selector(), local) < 2:
             raise CLIError(
-                f"{row.label} trains one row of a batch of {bs}, and the model's BatchNorm cannot normalise "
-                "one: use a larger --batch-size or keep"
+                f"{row.label} trains one row of a batch of {local}{per_rank}, and the model's BatchNorm cannot "
+                "normalise one: use a larger --batch-size or keep"
             )
-    if data.num_train % bs != 1:
+        if row.batch != 1.0 and world.local(cfg.at_batch(row.batch)).batch_size < 2:
+            raise CLIError(
+                f"{row.label}: fewer than 2 rows per process{per_rank}, which BatchNorm cannot normalise"
+            )
+    if share % local != 1:
         return False
     print(
-        f"leanbatch: note: {data.num_train} training samples in batches of {bs} leave a last batch of one, which "
+        f"leanbatch: note: {share} training samples in batches of {local}{per_rank} leave a last batch of one, which "
         "BatchNorm cannot normalise: it is left out of each epoch (results.json: runs[].epochs[].dropped)",
         flush=True,
     )
@@ -302,7 +334,8 @@ def _train_seeds(bench: _Job, args: argparse.Namespace) -> tuple[list[RunResult]
     from leanbatch.bench.report import build_results, write_results
     from leanbatch.bench.train import train_interleaved, train_run, warm_up
 
-    bar = _progress_factory(not args.no_progress)
+    world = bench.world
+    bar = _progress_factory(not args.no_progress and world.main)
     runs: list[RunResult] = []
     width = max(12, *(len(row.label) for row in bench.rows))
 
@@ -317,22 +350,23 @@ def _train_seeds(bench: _Job, args: argparse.Namespace) -> tuple[list[RunResult]
                 f"{f'; {dropped} left out in last batches of one' if dropped else ''})",
                 flush=True,
             )
-        payload = build_results(
-            runs, bench.config, bench.data.describe(), bench.tolerance, True, bench.command
-        )
-        write_results(bench.unfinished, payload)
+        if world.main:
+            payload = build_results(
+                runs, bench.config, bench.data.describe(), bench.tolerance, True, bench.command
+            )
+            write_results(bench.unfinished, payload)
 
     rows = bench.rows
     try:
         warm_up(bench.data, bench.cfg)
         for k, seed in enumerate(bench.seeds):
             if args.interleave == "epoch":
-                finished(train_interleaved(bench.data, rows, seed, bench.cfg, progress_bar=bar))
+                finished(train_interleaved(bench.data, rows, seed, bench.cfg, bar, world))
                 continue
             # rotate the method order per seed, so a slow spell of a shared machine does not
             # always land on the same method
             for row in rows[k % len(rows) :] + rows[: k % len(rows)]:
-                finished([train_run(bench.data, row, seed, bench.cfg, progress_bar=bar)])
+                finished([train_run(bench.data, row, seed, bench.cfg, bar, world)])
     except KeyboardInterrupt:
         return runs, True
     return runs, False
@@ -383,6 +417,7 @@ def publish(payload: dict[str, Any], results_path: Path, plots: Path | None) -> 
     """
     from leanbatch.bench.outputs import write_results
     from leanbatch.bench.plots import write_plots
+    from leanbatch.bench.sync import format_sync
     from leanbatch.bench.tables import format_controls, format_envelope, format_equal_time, format_table
 
     write_results(results_path, payload)
@@ -396,4 +431,7 @@ def publish(payload: dict[str, Any], results_path: Path, plots: Path | None) -> 
     if payload["controls"]["rows"]:
         print()
         print(format_controls(payload["controls"]))
+    if payload.get("sync", {}).get("world_size", 1) > 1:
+        print()
+        print(format_sync(payload["sync"]))
     return [results_path] + ([] if plots is None else write_plots(payload, plots))

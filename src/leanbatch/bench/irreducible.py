@@ -83,7 +83,8 @@ def flop_share(data: DataSplit, cfg: TrainConfig, widths: tuple[int, ...]) -> fl
     with torch.device("meta"):
         x = torch.empty((1, data.in_channels, data.image_size, data.image_size))
         for w in (widths, cfg.widths):
-            model = build_model(cfg.resolved_model(data), data.in_channels, data.num_classes, w)
+            # eval mode: one sample's FLOPs are the same, and BatchNorm accepts a batch of one there
+            model = build_model(cfg.resolved_model(data), data.in_channels, data.num_classes, w).eval()
             with FlopCounterMode(display=False) as counter:
                 model(x)
             flops.append(counter.get_total_flops())

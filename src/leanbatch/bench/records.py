@@ -32,6 +32,8 @@ class EpochRecord:
     threshold: float | None = None  # InfoBatch's pruning threshold (mean score) when planned
     pruning: bool | None = None
     dropped: int = 0  # served but not trained: a last batch of one sample, with BatchNorm in the model
+    update_time: float = 0.0  # host seconds in InfoBatch.update this epoch (mean over ranks; pruning rows)
+    gathered_bytes: int = 0  # bytes each rank's per-step score gathers returned this epoch (torchrun)
 
 
 @dataclass
@@ -54,6 +56,7 @@ class RunResult:
     # cpu_time_s (already inside the epochs' cumulative times), forwarded and backpropagated
     # samples, and cost, one such sample pass's FLOPs as a share of the main model's.
     setup: dict[str, float] | None = None
+    gather_time: float = 0.0  # seconds of one step's score gather, ranks aligned (torchrun, pruning rows)
 
     @property
     def final_acc(self) -> float:
@@ -103,6 +106,7 @@ class RunResult:
             "budget": self.budget,
             "batch": self.batch,
             "setup": self.setup,
+            "gather_time_s": self.gather_time,
             "steps": sum(e.steps for e in self.epochs),
             "final_test_acc": self.final_acc,
             "train_time_s": self.train_time,

@@ -30,7 +30,9 @@ results.json (schema ``leanbatch.bench/2``; ``docs/results-json.md`` describes e
 budget, and ``rows``: one comparison per method, with ``per_seed`` details), ``equal_time_cpu``
 (the same in CPU time), ``envelope`` and ``envelope_cpu`` (every method against the envelope of
 the step and batch budgets: :mod:`~leanbatch.bench.envelope`), ``controls`` (each method against
-its uniform twin: :mod:`~leanbatch.bench.controls`) and ``runs`` (every run, per epoch).
+its uniform twin: :mod:`~leanbatch.bench.controls`), ``sync`` (the per-step cost of the pruning
+rows' score updates, gathers included under torchrun: :mod:`~leanbatch.bench.sync`) and ``runs``
+(every run, per epoch).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from leanbatch.bench.outputs import (
     write_results,
 )  # re-exported: where results.json is read and written
 from leanbatch.bench.records import EpochRecord, RunResult
+from leanbatch.bench.sync import sync_costs
 from leanbatch.bench.tables import format_equal_time, format_table  # re-exported: the printed tables
 
 __all__ = [
@@ -163,7 +166,8 @@ def build_results(
     command: str | None = None,
 ) -> dict[str, Any]:
     """The whole results.json payload: schema, config, versions, data, summary rows (each naming its
-    uniform twin's row in ``control``, or null), the equal-time, envelope and controls sections, every run."""
+    uniform twin's row in ``control``, or null), the equal-time, envelope, controls and sync sections,
+    every run."""
     methods = config.get("methods", [])
     order = [m["label"] for m in methods]
     summary = summarize(runs, tolerance, order)
@@ -184,6 +188,7 @@ def build_results(
         "envelope": envelope(runs, order, "wall"),
         "envelope_cpu": envelope(runs, order, "cpu"),
         "controls": controls(runs, methods),
+        "sync": sync_costs(runs, order, int(config.get("world_size", 1))),
         "runs": [r.as_dict() for r in runs],  # in the order they ran
     }
 
@@ -224,6 +229,7 @@ def rebuild(payload: dict[str, Any]) -> dict[str, Any]:
             full_epochs=config.get("epochs"),
             batch=r.get("batch", 1.0),
             setup=r.get("setup"),
+            gather_time=r.get("gather_time_s", 0.0),
         )
         for r in payload["runs"]
     ]

@@ -51,6 +51,7 @@ from leanbatch.bench.loop_parts import evaluate, histogram, load_avg, snapshot_e
 from leanbatch.bench.methods import MethodRow
 from leanbatch.bench.records import EpochRecord, RunResult
 from leanbatch.bench.selecting import Picked, Selection
+from leanbatch.bench.world import ALONE, World
 from leanbatch.infobatch import InfoBatch
 from leanbatch.progress import training_progress
 from leanbatch.schedule import ProgressLR, cosine
@@ -70,13 +71,16 @@ __all__ = [
 
 @dataclass
 class _Tally:
-    """What an epoch's steps add up: the summed loss, the samples of each kind of pass, the last LR."""
+    """What an epoch's steps add up: the summed loss, the samples of each kind of pass, the last LR,
+    the host time in ``InfoBatch.update`` and the bytes its score gathers return (pruning rows)."""
 
     loss_sum: Tensor
     forwarded: int = 0
     select_forwarded: int = 0
     backpropagated: int = 0
     lr: float = 0.0
+    update_time: float = 0.0
+    gathered: int = 0
 
 
 class Trainer:
@@ -99,18 +103,21 @@ class Trainer:
         True
     """
 
-    def __init__(self, data: DataSplit, row: MethodRow, seed: int, cfg: TrainConfig):
-        full_steps = cfg.batches(data.num_train, cfg.batchnorm(data))  # the full baseline's per epoch
+    def __init__(self, data: DataSplit, row: MethodRow, seed: int, cfg: TrainConfig, world: World = ALONE):
+        share = world.share(data.num_train)  # the samples of a full epoch each rank trains
+        full_steps = world.local(cfg).batches(share, cfg.batchnorm(data))  # the full baseline's per epoch
         if row.batch != 1.0:
             cfg = cfg.at_batch(row.batch)  # a batch-budget baseline: smaller batches, LR by the rule
-        self.data, self.row, self.seed, self.cfg = data, row, seed, cfg
+        self.data, self.row, self.seed, self.cfg, self.world = data, row, seed, cfg, world
+        self.local = world.local(cfg)  # a rank's share of a step (the whole of it in one process)
         self.device = torch.device(cfg.device)
         if cfg.flush_denormal:
             torch.set_flush_denormal(True)
         torch.manual_seed(seed)  # same initial weights for every method at this seed
-        self.model = cfg.make_model(data)
-        self.batchnorm = has_batchnorm(self.model)
-        self.opt = cfg.optimizer(self.model)
+        self.net = cfg.make_model(data)  # selection and evaluation read it; training goes through
+        self.model = world.wrap(self.net)  # ``model`` (DistributedDataParallel under torchrun)
+        self.batchnorm = has_batchnorm(self.net)
+        self.opt = cfg.optimizer(self.net)
         self.progress = 0.0  # the fraction of this run trained, set by the loop before each step
         self.schedule = ProgressLR(self.opt, self, cosine(warmup=cfg.warmup))
         self.augment = cfg.resolved_augment(data)
@@ -126,7 +133,7 @@ class Trainer:
         self.select = Selection(row, seed, data, cfg, self.batchnorm) if row.selects else None
         # A budget run stops after its own number of steps (a share of the full baseline's; a batch
         # budget: all of them, on its smaller batches); the others train every epoch in full.
-        self.steps_per_epoch = cfg.batches(data.num_train, self.batchnorm)
+        self.steps_per_epoch = self.local.batches(share, self.batchnorm)
         self.total_steps: int | None = None
         self.num_epochs = cfg.epochs
         if row.budget != 1.0 or row.batch != 1.0:
@@ -142,6 +149,7 @@ class Trainer:
         self.train_time = 0.0 if setup is None else setup["time_s"]
         self.train_cpu = 0.0 if setup is None else setup["cpu_time_s"]
         self.eval_time = 0.0
+        self.gather_time = 0.0
         self.load_avg = [load_avg()]
 
     @property
@@ -186,18 +194,18 @@ class Trainer:
         the other rows shuffle with their own generator. A budget run's last epoch stops where
         its steps run out.
         """
-        bs = self.cfg.batch_size
+        bs, local = self.local.batch_size, self.local
         if self.ds is not None:
             self.ds.set_epoch(epoch)
             served_order = iter(self.ds.sampler)  # plans the epoch
-            served = len(self.ds.sampler)
-            num = self.cfg.batches(served, self.batchnorm)
+            served = len(self.ds.sampler)  # this rank's shard of the plan
+            num = local.batches(served, self.batchnorm)
             chunks = (
                 torch.tensor(list(itertools.islice(served_order, bs)), dtype=torch.int64) for _ in range(num)
             )
             return chunks, num, served
-        order = torch.randperm(self.data.num_train, generator=self.shuffle_gen)
-        num = self.cfg.batches(order.numel(), self.batchnorm)
+        order = self.world.shard(torch.randperm(self.data.num_train, generator=self.shuffle_gen))
+        num = local.batches(order.numel(), self.batchnorm)
         if self.total_steps is not None and self.total_steps - self.steps_done < num:
             num = self.total_steps - self.steps_done  # a budget run's last epoch stops early
             order = order[: num * bs]
@@ -222,7 +230,7 @@ class Trainer:
         # Selection first (on the raw batch), then augmentation of what was selected.
         picked = None
         if self.select is not None:
-            picked = self.select(self.model, x, y, self.progress, i, idx, self.opt.param_groups[0]["lr"])
+            picked = self.select(self.net, x, y, self.progress, i, idx, self.opt.param_groups[0]["lr"])
         if picked is not None:
             tally.select_forwarded += x.shape[0] if self.select.forwards else 0  # type: ignore[union-attr]
             if cfg.lr_rule == "scaled":  # this step's LR times the share of the batch it trains
@@ -236,7 +244,12 @@ class Trainer:
         per_sample = F.cross_entropy(self.model(x), y, reduction="none", label_smoothing=cfg.label_smoothing)
         if picked is not None and self.select.memory:  # type: ignore[union-attr]  # obs: ranks by these
             self.select.record(idx[picked.positions], per_sample)  # type: ignore[union-attr]
+        t_update = time.perf_counter()
         loss = self._loss(per_sample, idx, picked)
+        if self.ds is not None:  # the update, with its per-step score gather under torchrun
+            tally.update_time += time.perf_counter() - t_update
+            # every rank gathers each rank's batch rows: int64 indices and float32 scores
+            tally.gathered += 0 if self.world.size == 1 else self.world.size * idx.numel() * 12
         tally.lr = self.opt.param_groups[0]["lr"]
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -266,27 +279,33 @@ class Trainer:
         if self._pending_snapshot is not None and stats is not None:
             self.histograms.append(histogram(self._pending_snapshot, stats["threshold"], epoch))
             self._pending_snapshot = None
-        cfg = self.cfg
-        acc, test_loss = evaluate(
-            self.model, self.x_test, self.y_test, cfg.eval_batch_size, cfg.channels_last
+        self.world.check_same(self.net, f"{self.row.label} seed {self.seed} epoch {epoch}")
+        acc, test_loss = self._evaluate()
+        trained = min(served, num_batches * self.local.batch_size)
+        w = self.world  # the counts summed over the ranks, the time the slowest rank's
+        counts = [served, trained, tally.forwarded, tally.select_forwarded, tally.backpropagated]
+        loaded, kept, fwd, sel, bwd, loss_sum, update_time, cpu = w.sum(
+            [*counts, float(tally.loss_sum), tally.update_time, self.train_cpu]
         )
-        trained = min(served, num_batches * cfg.batch_size)
+        (wall,) = w.max([self.train_time])
         record = EpochRecord(
             epoch=epoch,
-            train_time=self.train_time,
-            train_cpu_time=self.train_cpu,
+            train_time=wall,
+            train_cpu_time=cpu,
             test_acc=acc,
             test_loss=test_loss,
-            train_loss=float(tally.loss_sum) / max(num_batches, 1),
+            train_loss=loss_sum / w.size / max(num_batches, 1),
             steps=num_batches,
-            loaded=served,
-            forwarded=tally.forwarded,
-            select_forwarded=tally.select_forwarded,
-            backpropagated=tally.backpropagated,
+            loaded=int(loaded),
+            forwarded=int(fwd),
+            select_forwarded=int(sel),
+            backpropagated=int(bwd),
             lr=tally.lr,
             threshold=None if stats is None else stats["threshold"],
             pruning=None if stats is None else bool(stats["pruning"]),
-            dropped=served - trained,
+            dropped=int(loaded - kept),
+            update_time=update_time / w.size,
+            gathered_bytes=tally.gathered,
         )
         self.records.append(record)
         if self.ds is not None and epoch + 1 in self._snapshot_epochs:
@@ -294,7 +313,19 @@ class Trainer:
         self.eval_time += time.perf_counter() - t1
         if self.done:
             self.load_avg.append(load_avg())
+            if self.ds is not None:  # what a step's score gather costs alone (untimed; 0 in one process)
+                self.gather_time = self.world.time_gather(self.local.batch_size)
         return record
+
+    def _evaluate(self) -> tuple[float, float]:
+        """Test accuracy and loss: under torchrun each rank evaluates a slice, summed over the ranks."""
+        cfg, w = self.cfg, self.world
+        x, y = self.x_test[w.rank :: w.size], self.y_test[w.rank :: w.size]
+        acc, loss = evaluate(self.net, x, y, cfg.eval_batch_size, cfg.channels_last)
+        if w.size == 1:
+            return acc, loss
+        correct, loss_sum, total = w.sum([acc * x.shape[0] / 100, loss * x.shape[0], x.shape[0]])
+        return 100.0 * round(correct) / total, loss_sum / total
 
     def result(self) -> RunResult:
         """The finished run."""
@@ -312,6 +343,7 @@ class Trainer:
             full_epochs=self.cfg.epochs,
             batch=self.row.batch,
             setup=None if self.select is None else self.select.setup,
+            gather_time=self.gather_time,
         )
 
 
@@ -322,6 +354,7 @@ def train_run(
     seed: int,
     cfg: TrainConfig,
     progress_bar: Callable[..., Any] | None = None,
+    world: World = ALONE,
 ) -> RunResult:
     """Train one fresh model with ``row`` and ``seed``; evaluate after every epoch.
 
@@ -337,7 +370,7 @@ def train_run(
         >>> torch.set_flush_denormal(False)
         True
     """
-    return train_interleaved(data, [row], seed, cfg, progress_bar)[0]
+    return train_interleaved(data, [row], seed, cfg, progress_bar, world)[0]
 
 
 def train_interleaved(
@@ -346,6 +379,7 @@ def train_interleaved(
     seed: int,
     cfg: TrainConfig,
     progress_bar: Callable[..., Any] | None = None,
+    world: World = ALONE,
 ) -> list[RunResult]:
     """Train one run per row at ``seed``, alternating between them epoch by epoch.
 
@@ -356,7 +390,8 @@ def train_interleaved(
     always goes to the run whose next epoch is the least far along its own training (by the
     middle of that epoch, as a fraction of the run's length), so a run half as long trains about
     every other round, from the start of the seed to its end, instead of all of its epochs
-    first; with equal lengths this is plain round-robin in the given order.
+    first; with equal lengths this is plain round-robin in the given order. Under torchrun
+    (``world``, :mod:`~leanbatch.bench.world`) every rank trains the same sequence of epochs.
 
     Example:
         >>> from leanbatch.bench.data import load_data
@@ -368,7 +403,7 @@ def train_interleaved(
         >>> torch.set_flush_denormal(False)
         True
     """
-    trainers = [Trainer(data, row, seed, cfg) for row in rows]
+    trainers = [Trainer(data, row, seed, cfg, world) for row in rows]
     bars = [
         progress_bar(total=t.num_epochs, desc=f"{t.row.label} seed {seed}", position=k)
         if progress_bar

@@ -1,0 +1,29 @@
+"""Start real processes for a distributed test, and fail the test (not hang it) if they outlive a deadline."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch.multiprocessing as mp
+
+DEADLINE = 240.0  # seconds: far above any of these tests' run, far below a CI job's limit
+
+
+def spawn_ranks(
+    worker: Callable[..., None], args: tuple[Any, ...], nprocs: int, deadline: float = DEADLINE
+) -> None:
+    """``worker(rank, *args)`` on ``nprocs`` processes; an error in one is raised here, and processes
+    still running after ``deadline`` seconds (a collective that never completes) fail the test."""
+    ctx = mp.start_processes(worker, args=args, nprocs=nprocs, join=False, start_method="spawn")
+    end = time.monotonic() + deadline
+    try:
+        while not ctx.join(timeout=1.0):
+            if time.monotonic() > end:
+                pytest.fail(f"the ranks still ran after {deadline} s: a collective hangs")
+    finally:
+        for p in ctx.processes:  # only the processes this test started
+            if p.is_alive():
+                p.kill()
