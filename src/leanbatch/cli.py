@@ -279,8 +279,16 @@ def run_micro(args: argparse.Namespace) -> int:
     json_path = check_micro_options(args)
     if args.micro == "plan":
         sizes = _int_list(args.sizes, "--sizes", positive=True, parse=lambda v: int(float(v)))  # 1e8 too
-        rows = micro.bench_plan(sizes, repeats=args.repeats, policy=args.policy)
-        print(micro.format_plan(rows))
+        if args.shard:
+            from leanbatch.bench import micro_sharded
+
+            if args.world < 1 or min(sizes) < args.world:
+                raise CLIError(f"--world must be >= 1 and at most the smallest size, got {args.world}")
+            rows = micro_sharded.bench_plan_sharded(sizes, args.world, args.repeats, args.policy)
+            print(micro_sharded.format_plan_sharded(rows))
+        else:
+            rows = micro.bench_plan(sizes, repeats=args.repeats, policy=args.policy)
+            print(micro.format_plan(rows))
     elif args.micro == "update":
         device = _resolve_device(args.device)
         rows = micro.bench_update(args.num_samples, args.batch_size, args.steps, device)
