@@ -12,6 +12,7 @@ scores in one table, for comparison. Each mode runs in a fresh subprocess.
 from __future__ import annotations
 
 import multiprocessing as mp
+from functools import partial
 from typing import Any
 
 import torch
@@ -63,13 +64,14 @@ def _measure(n: int, world: int, sharded: bool, repeats: int, policy: str) -> li
     for epoch in range(1, repeats + 1):
         sim.busy = [0.0] * ranks
         t0 = time.perf_counter()
-        sim.run([lambda p=p, e=epoch: p.plan(e) for p in planners])
+        sim.run([partial(p.plan, epoch) for p in planners])
         wall = time.perf_counter() - t0
         times = sim.busy if sharded else [wall]
         best = [min(b, t) for b, t in zip(best, times, strict=True)]
     rows = []
     for r, (t, p) in enumerate(zip(tables, planners, strict=True)):
-        score_b, plan_b = _held(t, p.latest)
+        plan = p.plan(repeats)
+        score_b, plan_b = _held(t, plan)
         rows.append(
             {
                 "num_samples": n,
@@ -79,7 +81,7 @@ def _measure(n: int, world: int, sharded: bool, repeats: int, policy: str) -> li
                 "plan_s": best[r],
                 "score_bytes": score_b,
                 "plan_bytes": plan_b,
-                "kept": p.latest.num_kept,
+                "kept": plan.num_kept,
                 "policy": policy,
             }
         )
