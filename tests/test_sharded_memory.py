@@ -72,3 +72,40 @@ def test_fill_gives_each_rank_its_own_rows():
     _fill(tables + [whole], 10, chunk=4)
     for r, t in enumerate(tables):
         assert torch.equal(t.values, whole.values[r::3])
+
+
+def test_a_sharded_update_reads_no_value():
+    """The per-step path of a sharded rank (keeping its own rows of the gathered ones, its weights by
+    local row, the ownership check) on PyTorch's ``meta`` device, where any value read raises."""
+    from torch.utils.data import DataLoader, TensorDataset
+
+    from leanbatch import InfoBatch
+
+    n, world = 1000, 2
+    sim = SimulatedWorld(world)
+    ranks = [
+        InfoBatch(TensorDataset(torch.arange(n)), 4, seed=0, shard_scores=True, num_replicas=world, rank=r)
+        for r in range(world)
+    ]
+    for r, ds in enumerate(ranks):
+        ds.sampler.record.planner.comm = sim.comm(r)
+        own = ds.scores.slice.indices()
+        ds.scores.update(own, torch.rand(own.numel(), generator=torch.Generator().manual_seed(r)))
+        ds.set_epoch(1)
+    sim.run([lambda ds=ds: len(ds.sampler) for ds in ranks])  # both plan epoch 1 (collectives)
+    ds = ranks[1]
+    assert ds.sampler.current_plan().pruning and ds.sampler.current_plan().shard is not None
+    it = iter(DataLoader(ds, batch_size=32, sampler=ds.sampler))
+    ds.scores.to("meta")
+    for step in range(6):
+        next(it)
+        out = ds.update(torch.empty(32, device="meta", requires_grad=True))  # rows kept by the owner
+        out.backward()
+        next(it)
+        idx = (torch.randint(0, n // world, (32,)) * world + 1).to("meta")  # rank 1's indices
+        assert ds.weights(idx).device.type == "meta"
+        out = ds.update(torch.empty(32, device="meta", requires_grad=True), idx)
+        out.backward()
+        assert out.device.type == "meta"
+    ds.scores.flush()
+    assert ds.scores.values.device.type == "meta" and ds.scores.values.shape == (n // world,)
