@@ -97,7 +97,7 @@ def test_a_sharded_update_reads_no_value():
     assert ds.sampler.current_plan().pruning and ds.sampler.current_plan().shard is not None
     it = iter(DataLoader(ds, batch_size=32, sampler=ds.sampler))
     ds.scores.to("meta")
-    for step in range(6):
+    for _ in range(6):
         next(it)
         out = ds.update(torch.empty(32, device="meta", requires_grad=True))  # rows kept by the owner
         out.backward()
