@@ -49,6 +49,16 @@ def gather_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """One unsharded InfoBatch state from the states of every rank of a sharded run (any order).
 
     ``ValueError`` when the states are not one world's, or disagree on the dataset size, seed or epoch.
+
+    Example:
+        >>> import torch
+        >>> from torch.utils.data import TensorDataset
+        >>> from leanbatch import InfoBatch
+        >>> ranks = [InfoBatch(TensorDataset(torch.arange(6.0)), 2, shard_scores=True, num_replicas=3, rank=r)
+        ...          for r in range(3)]
+        >>> ranks[2].scores.update(torch.tensor([5]), torch.tensor([0.5]))
+        >>> gather_states([ds.state_dict() for ds in ranks])["scores"]["values"].tolist()[4:]
+        [nan, 0.5]
     """
     parts = [_parts(s) for s in states]
     world = len(parts)
@@ -93,6 +103,15 @@ def shard_state(state: dict[str, Any], world: int, rank: int, drop_last: bool = 
 
     Mid-epoch, the new rank's plan keeps the samples it owns that were not trained yet, padded
     (or with ``drop_last``, truncated) to the longest (shortest) new shard, as a planned epoch is.
+
+    Example:
+        >>> import torch
+        >>> from torch.utils.data import TensorDataset
+        >>> from leanbatch import InfoBatch
+        >>> whole = InfoBatch(TensorDataset(torch.arange(5.0)), 2)
+        >>> whole.scores.update(torch.arange(5), torch.arange(5.0))
+        >>> shard_state(whole.state_dict(), world=2, rank=1)["scores"]["values"].tolist()
+        [1.0, 3.0]
     """
     scores, sampler = _parts(state)
     if "world" in scores or (sampler.get("plan") or {}).get("shard") is not None:

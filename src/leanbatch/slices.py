@@ -29,7 +29,13 @@ __all__ = ["Comm", "DistComm", "LOCAL", "LocalComm", "Slice", "slice_size"]
 
 
 class Comm(Protocol):
-    """The collectives a sharded plan needs; each call is made by every rank, in the same order."""
+    """The collectives a sharded plan needs; each call is made by every rank, in the same order.
+
+    Example:
+        >>> comm: Comm = LOCAL   # one process; DistComm(group) over torch.distributed
+        >>> comm.max(torch.tensor([4])).tolist()
+        [4]
+    """
 
     def sum(self, t: Tensor) -> Tensor:
         """Element-wise sum over the ranks (``all_reduce`` SUM)."""

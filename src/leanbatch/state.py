@@ -41,6 +41,12 @@ def score_state(state: Any, table: ScoreTable) -> tuple[Tensor, Tensor | None, i
 
     A sharded table's state (``world``, ``rank``) loads only into the same rank of the same world:
     :func:`leanbatch.sharded.shard_state` re-shards a state for another.
+
+    Example:
+        >>> from leanbatch.scores import ScoreTable
+        >>> table = ScoreTable(5, world=2, rank=1)
+        >>> score_state(table.state_dict(), table)[0].shape
+        torch.Size([2])
     """
     state = require(state, ("num_samples", "values"), "state_dict")
     n = state["num_samples"]

@@ -98,7 +98,11 @@ def _child(args: tuple[Any, ...], queue: Any) -> None:
 def bench_plan_sharded(
     sizes: list[int], world: int, repeats: int = 3, policy: str = "infobatch"
 ) -> list[dict[str, Any]]:
-    """Per size: the unsharded plan (one process) and every simulated rank's sharded plan; one row each."""
+    """Per size: the unsharded plan (one process) and every simulated rank's sharded plan; one row each.
+
+    Each mode runs in a fresh subprocess; see the module docstring for what is measured.
+    ``leanbatch micro plan --sizes 1e6,1e8 --world 8 --shard`` prints its table.
+    """
     check_int(world, "world", 1)
     check_int(repeats, "repeats", 1)
     rows: list[dict[str, Any]] = []
@@ -117,7 +121,14 @@ def bench_plan_sharded(
 
 
 def format_plan_sharded(rows: list[dict[str, Any]]) -> str:
-    """Markdown table of :func:`bench_plan_sharded`'s rows (per rank), and the largest rank per size."""
+    """Markdown table of :func:`bench_plan_sharded`'s rows (per rank), and the largest rank per size.
+
+    Example:
+        >>> row = {"num_samples": 8, "world": 2, "sharded": True, "rank": 0, "plan_s": 0.001,
+        ...        "score_bytes": 20, "plan_bytes": 24, "kept": 6, "policy": "random"}
+        >>> format_plan_sharded([row]).splitlines()[2].split("|")[4].strip()
+        '1.0 ms'
+    """
     out = [
         "| samples | mode | rank | plan one epoch | scores held | plan held | bytes x world / N |",
         "|--------:|------|-----:|---------------:|------------:|----------:|------------------:|",
@@ -136,6 +147,21 @@ def format_plan_sharded(rows: list[dict[str, Any]]) -> str:
             f"| {r['score_bytes'] / 2**20:,.1f} MiB | {r['plan_bytes'] / 2**20:,.1f} MiB "
             f"| {held * ranks / r['num_samples']:.2f} |"
         )
+    out += [
+        "",
+        "| samples | ranks | slowest rank's plan | largest rank's bytes held | x world / N |",
+        "|--:|--:|--:|--:|--:|",
+    ]
+    for n in dict.fromkeys(r["num_samples"] for r in rows):
+        for sharded in (False, True):
+            mine = [r for r in rows if r["num_samples"] == n and r["sharded"] == sharded and "error" not in r]
+            if mine:
+                ranks = mine[0]["world"] if sharded else 1
+                held = max(r["score_bytes"] + r["plan_bytes"] for r in mine)
+                out.append(
+                    f"| {n:,} | {ranks} | {max(r['plan_s'] for r in mine) * 1e3:,.1f} ms "
+                    f"| {held / 2**20:,.1f} MiB | {held * ranks / n:.2f} |"
+                )
     pol = rows[0].get("policy", "infobatch") if rows else "infobatch"
     out.append(
         f"\npolicy {pol}; exponential scores; best of the repeats per rank; ranks simulated in one process, "

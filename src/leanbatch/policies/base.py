@@ -67,7 +67,13 @@ class Policy(Protocol):
 class SlicedPolicy(Policy, Protocol):
     """A policy that also plans one rank's slice (``shard_scores=True``): ``plan_slice(scores, epoch,
     generator, sl)`` with this rank's scores and :class:`~leanbatch.slices.Slice`; its plan equals
-    the unsharded plan's part on that slice. ``__call__`` is ``plan_slice`` on the whole."""
+    the unsharded plan's part on that slice. ``__call__`` is ``plan_slice`` on the whole.
+
+    Example:
+        >>> from leanbatch.policies import InfoBatchPolicy
+        >>> callable(getattr(InfoBatchPolicy(), "plan_slice", None))
+        True
+    """
 
     def plan_slice(self, scores: Tensor, epoch: int, generator: torch.Generator, sl: Slice) -> Plan: ...
 

@@ -81,6 +81,12 @@ def keyed_below(key: int, sl: Slice, cut: int, out: Tensor, tag: int = 0) -> Non
     """``out[j] = v(i) < cut`` for the local rows ``j`` of ``sl`` (global index ``i``).
 
     ``v(i)`` is a uniform int32 keyed by ``(key, tag, i)``: ``P(v < cut) = (cut + 2**31) / 2**32``.
+
+    Example:
+        >>> from leanbatch.slices import Slice
+        >>> out = torch.empty(4, dtype=torch.bool)
+        >>> keyed_below(1, Slice(4), -(1 << 31), out); out.tolist()   # cut at the minimum: never below
+        [False, False, False, False]
     """
     for first, end, values in _chunks(key, sl, tag):
         torch.lt(values, cut, out=out[first:end])

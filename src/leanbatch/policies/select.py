@@ -55,7 +55,12 @@ def score_keys(scores: Tensor, sl: Slice) -> Tensor:
 
 
 def uniform_keys(key: int, sl: Slice, tag: int = 0) -> Tensor:
-    """Keys in a keyed uniform random order (ties, of probability 2**-32, by index)."""
+    """Keys in a keyed uniform random order (ties, of probability 2**-32, by index).
+
+    Example:
+        >>> torch.equal(uniform_keys(3, Slice(8, 2, 0)), uniform_keys(3, Slice(8))[0::2])
+        True
+    """
     return _with_index(keyed_values(key, sl, tag), sl)
 
 
@@ -63,6 +68,10 @@ def kth_largest(keys: Tensor, k: int, sl: Slice, among: Tensor | None = None) ->
     """The ``k``-th largest of the keys of every rank (``among``: a bool mask of the keys that count).
 
     ``1 <= k <=`` the number of keys that count. Four collectives on several ranks.
+
+    Example:
+        >>> kth_largest(torch.tensor([5, -9, 7, 1]), 3, Slice(4))
+        1
     """
     active = keys if among is None else keys[among]
     need, prefix = k, 0
