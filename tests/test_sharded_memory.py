@@ -109,3 +109,17 @@ def test_a_sharded_update_reads_no_value():
         assert out.device.type == "meta"
     ds.scores.flush()
     assert ds.scores.values.device.type == "meta" and ds.scores.values.shape == (n // world,)
+
+
+def test_loss_rank_policy_and_unknown_policies_refuse_sharded_scores():
+    from torch.utils.data import TensorDataset
+
+    from leanbatch import InfoBatch, LossRankPolicy, PrunedSampler
+
+    data = TensorDataset(torch.arange(10.0))
+    with pytest.raises(ValueError, match="LossRankPolicy needs every score in one place"):
+        InfoBatch(data, 2, policy=LossRankPolicy(0.5, 2), shard_scores=True, num_replicas=2, rank=0)
+    with pytest.raises(ValueError, match="shard_scores=True"):  # a sharded table needs a sharded sampler
+        PrunedSampler(ScoreTable(10, world=2, rank=0), policy("random"))
+    with pytest.raises(ValueError, match="init_process_group|num_replicas"):  # the slice must be known
+        InfoBatch(data, 2, shard_scores=True)
