@@ -123,3 +123,30 @@ def test_loss_rank_policy_and_unknown_policies_refuse_sharded_scores():
         PrunedSampler(ScoreTable(10, world=2, rank=0), policy("random"))
     with pytest.raises(ValueError, match="init_process_group|num_replicas"):  # the slice must be known
         InfoBatch(data, 2, shard_scores=True)
+
+
+@pytest.mark.parametrize("kind", ["positive", "signed", "tiny", "huge", "outlier"])
+def test_the_mean_is_the_same_on_any_split_and_close_to_the_float64_mean(kind):
+    from leanbatch.policies.keyed import global_mean
+    from leanbatch.slices import Slice
+
+    n, world = 5003, 3
+    x = torch.rand(n, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    x = {
+        "signed": x - 0.5,
+        "tiny": x * 1e-30,
+        "huge": x * 3e38,
+        "outlier": x.index_fill(0, torch.tensor([7]), 1e9),
+    }.get(kind, x)
+    x = x.float()
+    x[::13] = float("nan")
+    whole = global_mean(x, Slice(n))
+    sim = SimulatedWorld(world)
+    parts = sim.run(
+        [lambda r=r: global_mean(x[r::world], Slice(n, world, r, sim.comm(r))) for r in range(world)]
+    )
+    assert all(p == whole for p in parts)  # bit for bit
+    exact = float(x[~torch.isnan(x)].double().mean())
+    assert (
+        whole[1] == int((~torch.isnan(x)).sum()) and abs(whole[0] - exact) <= 1e-9 * abs(x).nan_to_num().max()
+    )

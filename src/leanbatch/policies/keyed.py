@@ -144,25 +144,26 @@ def global_mean(scores: Tensor, sl: Slice) -> tuple[float | None, int]:
     """
     scores = scores.detach().reshape(-1)
     buf = torch.empty(min(_ROWS, max(1, scores.numel())), dtype=torch.float32)
-    nan, top = 0, 0.0
+    nan, top, negative = 0, 0.0, False
     for start in range(0, scores.numel(), _ROWS):
         part = scores[start : start + _ROWS]
         nan += int(torch.count_nonzero(torch.isnan(part)))
         b = torch.nan_to_num(part, nan=0.0, out=buf[: part.numel()])
         lo, hi = torch.aminmax(b)
-        top = max(top, -float(lo), float(hi))
+        top, negative = max(top, -float(lo), float(hi)), negative or float(lo) < 0.0
     count = scores.numel() - nan
-    if not sl.whole:  # counts, and the largest magnitude as its float32 bits (order-preserving)
+    if not sl.whole:  # counts, the largest magnitude as its float32 bits (order-preserving), a sign
         bits = torch.tensor([top], dtype=torch.float32).view(torch.int32).long()
-        both = sl.comm.gather(torch.cat([torch.tensor([count]), bits]))
+        both = sl.comm.gather(torch.cat([torch.tensor([count]), bits, torch.tensor([int(negative)])]))
         count = int(both[:, 0].sum())
         top = float(both[:, 1].max().to(torch.int32).view(torch.float32))
+        negative = bool(both[:, 2].max())
     if count == 0:
         return None, 0
     if top == 0.0:
         return 0.0, count
     shift = _FIXED - int(torch.frexp(torch.tensor(top, dtype=torch.float32)).exponent)  # |x| < 2**exp
-    total = _fixed_sum(scores, buf, shift)
+    total = _fixed_sum(scores, buf, shift, floor=negative)
     if not sl.whole:  # in 32-bit limbs, so the sum over the ranks cannot overflow int64
         high, low = divmod(total, _LIMB)
         limbs = sl.comm.sum(torch.tensor([high, low], dtype=torch.int64))
@@ -171,8 +172,11 @@ def global_mean(scores: Tensor, sl: Slice) -> tuple[float | None, int]:
     return float(q), count
 
 
-def _fixed_sum(scores: Tensor, buf: Tensor, shift: int) -> int:
-    """``sum(floor(x * 2**shift))`` over the finite scores, exact (Python integer)."""
+def _fixed_sum(scores: Tensor, buf: Tensor, shift: int, floor: bool) -> int:
+    """``sum(floor(x * 2**shift))`` over the finite scores, exact (Python integer).
+
+    Truncation is the floor when no score (of any rank) is negative, and it costs less.
+    """
     ints = torch.empty(buf.numel(), dtype=torch.int64)
     steps = []
     left = shift
@@ -186,7 +190,8 @@ def _fixed_sum(scores: Tensor, buf: Tensor, shift: int) -> int:
         b = torch.nan_to_num(part, nan=0.0, out=buf[: part.numel()])
         for f in steps:
             b.mul_(f)
-        b.floor_()
+        if floor:
+            b.floor_()
         i = ints[: part.numel()]
         i.copy_(b)
         total += int(i.sum())
