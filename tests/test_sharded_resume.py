@@ -28,8 +28,10 @@ def _worker(rank: int, world: int, init_file: str, out: str, load: str | None, m
     init(rank, world, init_file)
     try:
         ds = make(mode != "unsharded")
-        if load is not None:
-            state = torch.load(load, weights_only=True)
+        if load is not None:  # own: each rank its own state; else the gathered one, cut or whole
+            state = torch.load(
+                load.replace("gathered.pt", f"own{rank}.pt") if mode == "own" else load, weights_only=True
+            )
             ds.load_state_dict(shard_state(state, world, rank) if mode == "shard_state" else state)
         loader = DataLoader(ds, batch_size=BS, sampler=ds.sampler)
         served: dict[int, list[int]] = {}
@@ -56,6 +58,8 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[dict]]:
     full = spawn(_worker, 2, None, "sharded")
     path = str(tmp_path_factory.mktemp("shards") / "gathered.pt")
     torch.save(gather_states([r["shards"] for r in reversed(full)]), path)  # any order
+    for rank, r in enumerate(full):  # each rank's own state, for a resume on the same world
+        torch.save(r["shards"], path.replace("gathered.pt", f"own{rank}.pt"))
     return path, full
 
 
@@ -65,7 +69,9 @@ def _plans(results: list[dict], epoch: int) -> tuple:
     return whole([{"plans": r["plan_list"]} for r in results], epoch)
 
 
-@pytest.mark.parametrize("world,mode", [(1, "auto"), (3, "shard_state"), (1, "unsharded"), (3, "auto")])
+@pytest.mark.parametrize(
+    "world,mode", [(2, "own"), (1, "auto"), (3, "shard_state"), (1, "unsharded"), (3, "auto")]
+)
 def test_a_gathered_mid_epoch_state_resumes_on_another_world(saved, world, mode):
     path, full = saved
     resumed = spawn(_worker, world, path, mode)
