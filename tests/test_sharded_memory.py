@@ -150,3 +150,15 @@ def test_the_mean_is_the_same_on_any_split_and_close_to_the_float64_mean(kind):
     assert (
         whole[1] == int((~torch.isnan(x)).sum()) and abs(whole[0] - exact) <= 1e-9 * abs(x).nan_to_num().max()
     )
+
+
+def test_micro_plan_shard_reports_each_simulated_rank(capsys, restore_torch_globals):
+    from leanbatch import cli
+
+    assert cli.main(["micro", "plan", "--sizes", "5000", "--shard", "--world", "3", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert [f"| 5,000 | sharded / 3 | {r} |" in out for r in range(3)] == [
+        True
+    ] * 3 and "| 5,000 | unsharded |" in out
+    assert cli.main(["micro", "plan", "--world", "3"]) == 2  # --world without --shard: one line, status 2
+    assert "add --shard" in capsys.readouterr().err

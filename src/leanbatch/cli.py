@@ -279,12 +279,15 @@ def run_micro(args: argparse.Namespace) -> int:
     json_path = check_micro_options(args)
     if args.micro == "plan":
         sizes = _int_list(args.sizes, "--sizes", positive=True, parse=lambda v: int(float(v)))  # 1e8 too
+        if args.world is not None and not args.shard:
+            raise CLIError("--world simulates the ranks of a sharded plan: add --shard")
         if args.shard:
             from leanbatch.bench import micro_sharded
 
-            if args.world < 1 or min(sizes) < args.world:
-                raise CLIError(f"--world must be >= 1 and at most the smallest size, got {args.world}")
-            rows = micro_sharded.bench_plan_sharded(sizes, args.world, args.repeats, args.policy)
+            world = 8 if args.world is None else args.world
+            if world < 1 or min(sizes) < world:
+                raise CLIError(f"--world must be >= 1 and at most the smallest size, got {world}")
+            rows = micro_sharded.bench_plan_sharded(sizes, world, args.repeats, args.policy)
             print(micro_sharded.format_plan_sharded(rows))
         else:
             rows = micro.bench_plan(sizes, repeats=args.repeats, policy=args.policy)
