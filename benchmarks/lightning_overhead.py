@@ -28,7 +28,7 @@ import torch
 
 from leanbatch import InfoBatch
 from leanbatch.bench.data import load_data
-from leanbatch.bench.methods import MethodSpec
+from leanbatch.bench.methods import parse_methods
 from leanbatch.bench.train import TrainConfig, Trainer, warm_up
 from leanbatch.lightning import LeanBatchCallback
 
@@ -82,7 +82,7 @@ def main() -> None:
     train_set = torch.utils.data.TensorDataset(data.x_train, data.y_train)
     rows = []
     for method in ("baseline", "infobatch"):
-        plain = Trainer(data, MethodSpec(method, method), 0, cfg)
+        plain = Trainer(data, parse_methods(method)[0], 0, cfg)
         lb = None
         if method == "infobatch":
             lb = LeanBatchCallback(InfoBatch(train_set, args.epochs, prune_ratio=0.5, delta=0.875, seed=0))

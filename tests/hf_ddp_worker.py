@@ -3,9 +3,10 @@
 Trains a tiny Llama with InfoBatch and Selective Backprop stacked through the real Trainer
 and accelerate, then writes what this process saw to ``<out>/rank<r>.pt``.
 
-``python hf_ddp_worker.py OUT [SAVE_STEPS [RESUME_FROM]]``: save a checkpoint every
-``SAVE_STEPS`` steps (0: none), and resume from the checkpoint folder ``RESUME_FROM``. The
-scores are not merged by hand at the end: the trainer merges them.
+``python hf_ddp_worker.py OUT [SAVE_STEPS [RESUME_FROM]] [--fsdp]``: save a checkpoint every
+``SAVE_STEPS`` steps (0: none), resume from the checkpoint folder ``RESUME_FROM``, shard the model
+with FSDP (accelerate's, on the CPU). The scores are not merged by hand at the end: the trainer
+merges them.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import sys
 import torch
 
 
-def main(out: str, save_steps: int = 0, resume: str | None = None) -> None:
+def main(out: str, save_steps: int = 0, resume: str | None = None, fsdp: bool = False) -> None:
     torch.set_num_threads(1)
     from hf_setup import PadCollator, Recorder, instruction_data, params, tiny_model, training_args
 
@@ -24,7 +25,9 @@ def main(out: str, save_steps: int = 0, resume: str | None = None) -> None:
     data = instruction_data(30, seed=3)
     ds = InfoBatch(data, 3, prune_ratio=0.6, delta=0.67, seed=10, shard=False)
     sb = SelectiveBackprop(start=0.3, end=0.9, keep=0.5, scale_factor=1.0, interrupt=2, seed=1)
-    saving = {"save_strategy": "steps", "save_steps": save_steps} if save_steps else {}
+    saving: dict = {"save_strategy": "steps", "save_steps": save_steps} if save_steps else {}
+    if fsdp:
+        saving.update(fsdp=True, fsdp_config={"transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]})
     args = training_args(
         f"{out}/run", num_train_epochs=3, gradient_accumulation_steps=2, learning_rate=1e-2, **saving
     )
@@ -56,4 +59,5 @@ def main(out: str, save_steps: int = 0, resume: str | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], *(int(a) if a.isdigit() else a for a in sys.argv[2:]))  # type: ignore[arg-type]
+    args = [a for a in sys.argv[1:] if a != "--fsdp"]
+    main(args[0], *(int(a) if a.isdigit() else a for a in args[1:]), fsdp="--fsdp" in sys.argv)  # type: ignore[arg-type]

@@ -166,5 +166,40 @@ def ddp_main(out_dir: str, resume: str | None = None) -> None:
     )
 
 
+def world_main(out_dir: str, devices: int, resume: str | None = None) -> None:
+    """InfoBatch under ``strategy="ddp"`` on ``devices`` CPU processes, a rank-independent loss, a
+    checkpoint after every step: for resuming a run saved on one number of processes on another."""
+    import os
+
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    from leanbatch import InfoBatch
+    from leanbatch.lightning import LeanBatchCallback
+
+    quiet()
+    torch.set_num_threads(1)
+    ib = InfoBatch(make_data(203), EPOCHS, prune_ratio=0.5, delta=0.75, seed=5)
+    lb = LeanBatchCallback(ib)
+    module = make_module(lb, loss="identity")
+    tag = f"w{devices}" + ("r" if resume else "")
+    saver = ModelCheckpoint(
+        dirpath=os.path.join(out_dir, tag), filename="{step}", every_n_train_steps=1, save_top_k=-1
+    )
+    trainer = make_trainer([lb, saver], strategy="ddp", devices=devices, use_distributed_sampler=False)
+    trainer.fit(module, ckpt_path=resume)
+    torch.save(
+        {
+            "rows": module.rows,
+            "stats": ib.epoch_stats,
+            "scores": ib.scores.values.clone(),
+            "progress": lb.progress,
+        },
+        os.path.join(out_dir, f"{tag}-{trainer.global_rank}.pt"),
+    )
+
+
 if __name__ == "__main__":
-    ddp_main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None)
+    if sys.argv[1] == "world":
+        world_main(sys.argv[2], int(sys.argv[3]), sys.argv[4] if len(sys.argv) > 4 else None)
+    else:
+        ddp_main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None)

@@ -24,7 +24,7 @@ from leanbatch import cli
 from leanbatch.bench.data import DataError, load_data
 
 TINY = ["--epochs", "1", "--batch-size", "8", "--methods", "baseline", "--budgets", "none"]
-TINY += ["--widths", "4", "--no-plots", "--no-progress", "--threads", "1"]
+TINY += ["--batch-budgets", "none", "--widths", "4", "--no-plots", "--no-progress", "--threads", "1"]
 
 
 pytestmark = pytest.mark.usefixtures("restore_torch_globals")
@@ -351,3 +351,100 @@ def test_micro_unwritable_json_is_refused_before_it_runs(
     line = _one_line_error(["micro", "select", "--steps", "1", "--json", str(json_path)], capsys)
     assert line.startswith(f"leanbatch: error: cannot write --json {json_path}")
     assert Path("/dev/null").is_char_device()  # never replaced
+
+
+# ---------------------------------------------------------------------------- method settings, batches
+@pytest.mark.parametrize(
+    ("methods", "needle"),
+    [
+        ("obs[obs_pressure=inf]", "obs[obs_pressure=inf]': pressure must be a finite number, got inf"),
+        ("obs[pressure=nan]", "pressure must be a finite number, got nan"),
+        ("sb[sb_keep=nan]", "keep must be a finite number, got nan"),
+        ("infobatch[delta=-inf]", "delta must be a finite number, got -inf"),
+        ("ucb[ucb_c=1e999]", "c must be a finite number, got inf"),
+        ("infobatch[ib_max_weight=inf]", "max_weight must be a finite number, got inf"),
+    ],
+)
+def test_nan_or_inf_in_brackets_is_one_line(
+    methods: str, needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["bench", "--data", "digits", *TINY, "--methods", methods, "--out", str(tmp_path / "o")]
+    assert needle in _one_line_error(args, capsys)
+    assert not (tmp_path / "o").exists()
+
+
+def _epochs(out: Path) -> list[list[dict[str, Any]]]:
+    return [run["epochs"] for run in json.loads((out / "results.json").read_text())["runs"]]
+
+
+def test_a_last_batch_of_one_with_batchnorm_is_left_out_and_said(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # three stages take 8x8 digits to 1x1, where BatchNorm sees one value per channel in a batch of one
+    args = ["bench", "--data", "digits", *TINY, "--widths", "4,4,4", "--limit-train", "201", "--epochs", "2"]
+    assert cli.main([*args, "--methods", "baseline,sb", "--out", str(tmp_path / "o")]) == 0
+    out = capsys.readouterr().out
+    assert "201 training samples in batches of 8 leave a last batch of one" in out
+    assert out.count("2 left out in last batches of one") == 2  # per run (one per epoch), on the terminal
+    payload = json.loads((tmp_path / "o" / "results.json").read_text())
+    assert payload["config"]["dropped_last_batch"] is True
+    baseline, sb = _epochs(tmp_path / "o")
+    assert [(e["loaded"], e["dropped"], e["steps"]) for e in baseline + sb] == [(201, 1, 25)] * 4
+    assert [e["forwarded"] for e in baseline] == [200, 200]  # the other 200 samples, in 25 batches of 8
+
+
+def test_pruned_epochs_ending_with_a_batch_of_one_leave_it_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["bench", "--data", "digits", *TINY, "--widths", "4,4,4", "--limit-train", "200", "--epochs", "4"]
+    assert (
+        cli.main([*args, "--seeds", "3", "--methods", "random,infobatch", "--out", str(tmp_path / "o")]) == 0
+    )
+    epochs = [e for run in _epochs(tmp_path / "o") for e in run]
+    assert any(e["dropped"] for e in epochs), (
+        "no pruned epoch ends with a batch of one here: pick another seed"
+    )
+    for e in epochs:
+        assert e["dropped"] == int(e["loaded"] % 8 == 1)
+        assert (
+            e["steps"] == -(-(e["loaded"] - e["dropped"]) // 8)
+            and e["forwarded"] == e["loaded"] - e["dropped"]
+        )
+    assert json.loads((tmp_path / "o" / "results.json").read_text())["config"]["dropped_last_batch"] is False
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--batch-size", "1"], "--batch-size 1: the model normalises by batch statistics (BatchNorm)"),
+        (["--batch-size", "3", "--methods", "sb"], "sb trains one row of a batch of 3"),
+        (["--batch-size", "4", "--methods", "obs[keep=0.4]"], "obs[keep=0.4] trains one row of a batch of 4"),
+        (
+            ["--batch-size", "3", "--methods", "sb-proxy[keep=1]"],
+            "sb-proxy[keep=1] trains one row",
+        ),  # the proxy's share
+    ],
+)
+def test_batches_batchnorm_cannot_train_are_refused(
+    extra: list[str], needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["bench", "--data", "digits", *TINY, *extra, "--out", str(tmp_path / "o")]
+    assert needle in _one_line_error(args, capsys)
+    assert not (tmp_path / "o").exists()
+
+
+def test_small_batches_with_batchnorm_warm_up_and_train(tmp_path: Path) -> None:
+    """A batch of 3: the warm-up's half batch keeps 2 samples (it was 1, and BatchNorm failed)."""
+    args = [
+        "bench",
+        "--data",
+        "digits",
+        *TINY,
+        "--widths",
+        "4,4,4",
+        "--limit-train",
+        "30",
+        "--batch-size",
+        "3",
+    ]
+    assert cli.main([*args, "--methods", "baseline,sb[keep=0.7]", "--out", str(tmp_path / "o")]) == 0

@@ -11,6 +11,8 @@ import torch.nn.functional as F
 from leanbatch.bench import micro
 from leanbatch.bench import train as train_mod
 from leanbatch.bench.data import load_data
+from leanbatch.bench.loop_parts import augment as _augment
+from leanbatch.bench.loop_parts import snapshot_epochs
 from leanbatch.bench.methods import MethodError, parse_methods
 from leanbatch.bench.models import CompactResNet, SmallCNN, build_model, default_model_name
 from leanbatch.bench.report import format_table, summarize
@@ -18,12 +20,10 @@ from leanbatch.bench.train import (
     EpochRecord,
     RunResult,
     TrainConfig,
-    _augment,
-    _lr_factor,
-    _snapshot_epochs,
     budget_steps,
     train_interleaved,
 )
+from leanbatch.schedule import cosine
 
 
 def test_parse_methods_defaults_and_overrides() -> None:
@@ -31,11 +31,17 @@ def test_parse_methods_defaults_and_overrides() -> None:
         "baseline, infobatch ,infobatch+sb[sb_keep=0.3,sb_interrupt=0]", {"prune_ratio": 0.7}
     )
     assert [s.label for s in specs] == ["baseline", "infobatch", "infobatch+sb[sb_keep=0.3,sb_interrupt=0]"]
-    assert specs[1].prune_ratio == 0.7 and specs[1].prunes and not specs[1].selects
-    assert specs[2].sb_keep == 0.3 and specs[2].sb_interrupt == 0 and specs[2].prunes and specs[2].selects
-    assert specs[0].hyperparameters() == {"budget": 1.0}
-    assert set(specs[2].hyperparameters()) >= {"prune_ratio", "sb_keep", "stack_scores"}
-    assert parse_methods("random")[0].policy == "random"
+    assert specs[1].settings["prune_ratio"] == 0.7 and specs[1].prunes and not specs[1].selects
+    assert specs[2].settings["keep"] == 0.3 and specs[2].settings["interrupt"] == 0
+    assert specs[2].prunes and specs[2].selects
+    assert specs[0].settings == {"budget": 1.0, "batch": 1.0}
+    assert set(specs[2].settings) >= {"prune_ratio", "keep", "stack_scores"}
+    assert set(specs[2].config()) >= {
+        "prune_ratio",
+        "sb_keep",
+        "stack_scores",
+    }  # results.json's keys, as before
+    assert type(parse_methods("random")[0].make_policy(8, 0)).__name__ == "RandomPolicy"
 
 
 @pytest.mark.parametrize(
@@ -43,11 +49,12 @@ def test_parse_methods_defaults_and_overrides() -> None:
     [
         ("", "no methods"),
         ("base", "unknown method 'base'"),
-        ("sb[sb_keep=2]", "sb_keep must be in (0, 1]"),
+        ("sb[sb_keep=2]", "keep must be in (0, 1]"),
         ("sb[sb_keep=x]", "must be a number"),
-        ("sb[sb_start=0.9,sb_end=0.5]", "sb_start < sb_end"),
-        ("sb[sb_start=0.5,sb_end=0.5]", "sb_start < sb_end"),
-        ("sb[keep=0.5]", "unknown setting"),
+        ("sb[sb_start=0.9,sb_end=0.5]", "start must be < end"),
+        ("sb[sb_start=0.5,sb_end=0.5]", "start must be < end"),
+        ("sb[nope=0.5]", "unknown setting"),
+        ("sb[sel_keep=0.5]", "sel_keep applies to obs, sb-proxy only"),
         ("sb[sb_keep=0.5", "unbalanced"),
         ("infobatch,infobatch", "listed twice"),
         ("infobatch+sb[stack_scores=both]", "stack_scores"),
@@ -75,11 +82,23 @@ def test_resnet_and_defaults() -> None:
 
 
 def test_lr_schedule_warms_up_then_ends_at_zero() -> None:
-    assert _lr_factor(0.0, 0.1) < 0.05
-    assert _lr_factor(0.1, 0.1) == pytest.approx(1.0)
-    assert _lr_factor(0.55, 0.1) == pytest.approx(0.5)
-    assert _lr_factor(1.0, 0.1) == pytest.approx(0.0, abs=1e-12)
-    assert _lr_factor(0.5, 0.0) == pytest.approx(0.5)
+    """The loop's learning rate is the library's ``cosine(warmup=)`` of its own progress, step by step."""
+    data = load_data("digits", limit_train=160, limit_test=40)  # 5 steps of 32 per epoch
+    cfg = TrainConfig(epochs=2, batch_size=32, widths=(4,), histogram_epochs=0, warmup=0.3)
+    trainer = train_mod.Trainer(data, parse_methods("baseline")[0], 0, cfg)
+    seen: list[tuple[float, float]] = []  # (progress, LR) at every optimizer step
+    trainer.opt.register_step_pre_hook(
+        lambda opt, args, kwargs: seen.append((trainer.progress, opt.param_groups[0]["lr"]))
+    )
+    try:
+        records = [trainer.run_epoch() for _ in range(2)]
+    finally:
+        torch.set_flush_denormal(False)
+    assert [p for p, _ in seen] == [(e + i / 5) / 2 for e in range(2) for i in range(5)]
+    shape = cosine(warmup=0.3)
+    assert [lr for _, lr in seen] == [cfg.lr * shape(p) for p, _ in seen]
+    assert seen[0][1] == 0.0 and seen[1][1] == pytest.approx(cfg.lr * 0.1 / 0.3)  # warm-up from 0
+    assert records[-1].lr == seen[-1][1] and trainer.opt.param_groups[0]["lr"] == 0.0  # ends at zero
 
 
 def test_augment_keeps_shape_and_content() -> None:
@@ -113,9 +132,18 @@ def test_augment_keeps_shape_and_content() -> None:
 
 def test_snapshot_epochs_are_pruning_epochs() -> None:
     spec = parse_methods("infobatch")[0]
-    assert _snapshot_epochs(spec, 8, 3) == {1, 3, 6}  # epochs 1..6 prune (epoch 0 is unscored)
-    assert _snapshot_epochs(parse_methods("baseline")[0], 8, 3) == set()
-    assert _snapshot_epochs(spec, 2, 3) == set()
+    assert snapshot_epochs(spec.make_policy(8, 0), 8, 3) == {
+        1,
+        3,
+        6,
+    }  # epochs 1..6 prune (epoch 0 is unscored)
+    assert snapshot_epochs(None, 8, 3) == set()  # a row that does not prune
+    assert snapshot_epochs(spec.make_policy(2, 0), 2, 3) == set()
+    assert snapshot_epochs(parse_methods("rs2")[0].make_policy(8, 0), 8, 3) == {
+        1,
+        4,
+        7,
+    }  # RS2 prunes every epoch
 
 
 def test_budget_runs_train_their_share_of_steps_with_their_own_schedule() -> None:
@@ -146,7 +174,7 @@ def test_runs_of_different_lengths_interleave_over_the_same_span(monkeypatch: py
     real = train_mod.Trainer.run_epoch
 
     def logged(self: train_mod.Trainer, *args: object, **kwargs: object) -> EpochRecord:
-        order.append((self.spec.label, len(self.records)))
+        order.append((self.row.label, len(self.records)))
         return real(self, *args, **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(train_mod.Trainer, "run_epoch", logged)
@@ -218,3 +246,40 @@ def test_micro_plan_in_a_subprocess() -> None:
     assert "error" not in rows[0], rows[0]
     assert 0 < rows[0]["kept"] < 20000 and rows[0]["plan_s_best"] > 0
     assert "20,000" in micro.format_plan(rows)
+
+
+def test_bench_imports_no_private_names_and_has_no_cycle() -> None:
+    """Within the bench and the command: no module imports another's private (``_``) name, and the
+    import graph of ``leanbatch.bench`` (module level and inside functions alike) has no cycle."""
+    import ast
+    from pathlib import Path
+
+    import leanbatch
+
+    root = Path(leanbatch.__file__).parent
+    files = [
+        *sorted((root / "bench").glob("*.py")),
+        root / "cli.py",
+        root / "cli_args.py",
+        root / "cli_bench.py",
+    ]
+    graph: dict[str, set[str]] = {}
+    for path in files:
+        name = f"leanbatch.{path.relative_to(root).with_suffix('').as_posix().replace('/', '.')}"
+        graph[name] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("leanbatch"):
+                private = [a.name for a in node.names if a.name.startswith("_")]
+                assert not private, f"{name} imports {private} from {node.module}"
+                graph[name].add(node.module or "")
+    bench = {
+        m: {d for d in deps if d.startswith("leanbatch.bench")} for m, deps in graph.items() if ".bench" in m
+    }
+
+    def visit(module: str, path: tuple[str, ...]) -> None:
+        assert module not in path, f"import cycle: {' -> '.join((*path, module))}"
+        for dep in bench.get(module, ()):
+            visit(dep, (*path, module))
+
+    for module in bench:
+        visit(module, ())

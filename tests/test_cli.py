@@ -35,6 +35,7 @@ TINY = [
     "--no-progress",
     "--threads", "1",  # tiny ops: one thread is faster, and immune to a busy machine
     "--budgets", "none",  # the tests of the frontier say otherwise
+    "--batch-budgets", "none",  # the tests of the envelope say otherwise
 ]  # fmt: skip
 
 
@@ -76,8 +77,9 @@ def test_bench_prints_a_row_per_method(tiny_run: tuple[int, str, Path]) -> None:
     assert code == 0
     lines = [line for line in out.splitlines() if line.startswith("| ")]
     heads = [k for k, line in enumerate(lines) if line.split("|")[1].strip() == "method"]
-    assert len(heads) == 2  # the main table, then the equal-time table
-    table, equal = lines[: heads[1]], lines[heads[1] :]
+    assert len(heads) == 3  # the main table, the equal-time table, the envelope table (no controls asked)
+    table, equal, envelope = lines[: heads[1]], lines[heads[1] : heads[2]], lines[heads[2] :]
+    assert "vs envelope" in envelope[0] and envelope[-1].split("|")[1].strip() == METHODS[-1]
     assert [row.split("|")[1].strip() for row in table[1:]] == ROWS
     assert "achieved" in table[0] and "t->target" in table[0]
     assert "frontier %" in equal[0] and "verdict" in equal[0]
@@ -218,7 +220,7 @@ def test_report_recomputes_from_the_runs(
     ]  # budgets unknown to schema 1
     assert new["runs"][0]["final_test_acc"] == original["runs"][0]["final_test_acc"]
     heads = [line for line in out.splitlines() if line.startswith("| method")]
-    assert len(heads) == 2 and "cpu s" in heads[1] and "time s" in heads[0]
+    assert len(heads) == 3 and "cpu s" in heads[1] and "cpu s" in heads[2] and "time s" in heads[0]
     assert (tmp_path / "new" / "kept_per_epoch.png").is_file()
     # from the current schema, the same figures come back
     code, out, _ = _run(["report", str(tiny_run[2]), "--out", str(tmp_path / "again"), "--no-plots"], capsys)
@@ -321,7 +323,7 @@ def _cifar_like(root: Path) -> Path:
         (["--budgets", "0.5,nan"], "--budgets must be fractions in (0, 4]"),
         (["--budgets", "0.5,0.5"], "--budgets lists a budget twice"),
         (["--methods", "infobatch[budget=0.5]"], "budget applies to baseline only"),
-        (["--methods", "baseline[budget=-1]"], "budget must be in (0, 4]"),
+        (["--methods", "baseline[budget=-1]"], "budget must be a finite number in (0, 4]"),
         (["--preset", "cifar10", "--quick"], "--quick and --preset cifar10 conflict"),
         (["--preset", "imagenet"], "argument --preset: invalid choice"),
     ],
@@ -410,7 +412,7 @@ def test_python_dash_m_and_no_traceback(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert proc.stderr.strip() == (
         "leanbatch: error: unknown method 'nope'; choose from baseline, random, infobatch, sb, infobatch+sb, "
-        "rs2, epsilon-greedy, ucb, seta, obs, sb-proxy"
+        "rs2, epsilon-greedy, ucb, seta, obs, sb-proxy, obs-epoch, rho-loss, uniform, infobatch+uniform"
     )
     assert proc.stdout == ""
 
@@ -428,3 +430,24 @@ def test_micro_plan_bad_sizes_are_one_line(
 ) -> None:
     code, out, err = _run(["micro", "plan", "--sizes", sizes], capsys)
     assert code == 2 and err.count("\n") == 1 and f"--sizes must be {needle}" in err and not out
+
+
+def test_bench_help_lists_every_method_kind_in_one_line_and_every_setting_with_its_old_spellings(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from leanbatch.bench.registry import REGISTRY
+
+    assert cli.main(["bench", "--help"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    for kind in REGISTRY.values():
+        assert [ln.split()[:2] for ln in lines if ln.split()[:2] == [kind.name, kind.family]], kind.name
+        assert any(ln.split()[:1] == [kind.name] and kind.description in ln for ln in lines), kind.name
+        for s in kind.settings:
+            assert s.describe() in " ".join(out.split()), s.describe()  # name=default (old spellings)
+    assert "(sb_keep)" in out and "(prune_fraction)" in out and "(ib_max_weight)" in out
+    twins = [ln.split()[:3] for ln in lines if "->" in ln.split()[1:2]]
+    assert twins == [[k.name, "->", f"{k.name}~{k.twin.name}"] for k in REGISTRY.values() if k.twin]
+    assert {"obs-epoch", "rho-loss", "uniform", "infobatch+uniform"} <= {
+        ln.split()[0] for ln in lines if ln.strip()
+    }

@@ -100,3 +100,50 @@ def test_a_two_rank_checkpoint_resumes_on_another_number_of_ranks(saved, world):
     assert len(before) + len(after) - kept < world
     for e in range(epoch + 1, EPOCHS):  # later epochs: the same plan, served by the new world
         assert {i for r in resumed for i in r["served"][e]} == {i for r in full for i in r["served"][e]}
+
+
+def _fsdp_worker(rank: int, world: int, init: str, out: str, sharded: bool) -> None:
+    """A plain loop with InfoBatch over a model sharded by FSDP2 (``fully_shard``) or replicated by DDP."""
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
+    try:
+        from torch.distributed.fsdp import fully_shard
+        from torch.nn.parallel import DistributedDataParallel
+
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(1, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+        net = fully_shard(model) if sharded else DistributedDataParallel(model)
+        opt = torch.optim.SGD(net.parameters(), lr=0.05)
+        ds = make()
+        loader = DataLoader(ds, batch_size=BS, sampler=ds.sampler)
+        weights = []
+        for epoch in range(EPOCHS):
+            ds.set_epoch(epoch)
+            for (x,) in loader:
+                idx = ds.next_indices(len(x))
+                weights.append(ds.weights(idx).tolist())
+                loss = ds.update((net(x[:, None] / N).squeeze(1) - torch.sin(x)).pow(2))
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+        torch.save(
+            {"stats": ds.epoch_stats, "scores": ds.scores.values.clone(), "weights": weights},
+            os.path.join(out, f"{'fsdp' if sharded else 'ddp'}{rank}.pt"),
+        )
+    finally:
+        dist.destroy_process_group()
+
+
+def test_pruning_weights_and_scores_are_exact_when_the_model_is_sharded_by_fsdp(tmp_path):
+    """FSDP shards parameters, not data: every rank still trains its own shard of the plan, with
+    the same weights and scores as under DDP (up to the float sums sharding reorders)."""
+    runs = {}
+    for sharded in (False, True):
+        with tempfile.TemporaryDirectory() as tmp:
+            args = (2, os.path.join(tmp, "init"), str(tmp_path), sharded)
+            mp.spawn(_fsdp_worker, args=args, nprocs=2, join=True)
+        name = "fsdp" if sharded else "ddp"
+        runs[name] = [torch.load(tmp_path / f"{name}{r}.pt", weights_only=False) for r in range(2)]
+    for ddp, fsdp in zip(runs["ddp"], runs["fsdp"], strict=True):
+        assert ddp["stats"] == fsdp["stats"] and ddp["weights"] == fsdp["weights"]
+        torch.testing.assert_close(ddp["scores"], fsdp["scores"], rtol=1e-4, atol=1e-5, equal_nan=True)
+    assert any(s["pruning"] and s["kept"] < N for s in runs["fsdp"][0]["stats"])

@@ -26,7 +26,18 @@ from leanbatch.bench.report import write_results
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 TINY = ["--data", "digits", "--epochs", "1", "--limit-train", "200", "--methods", "baseline"]
-TINY += ["--budgets", "none", "--no-plots", "--no-progress", "--threads", "1", "--widths", "8"]
+TINY += [
+    "--budgets",
+    "none",
+    "--batch-budgets",
+    "none",
+    "--no-plots",
+    "--no-progress",
+    "--threads",
+    "1",
+    "--widths",
+    "8",
+]
 OLD = {"schema": "leanbatch.bench/2", "interrupted": False, "runs": [], "note": "an earlier complete result"}
 DEADLINE = 240.0  # seconds: generous on a busy two-core machine; a test past it fails, never hangs
 

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -90,3 +91,75 @@ def test_checkpoints_change_nothing_and_a_mid_epoch_resume_equals_the_uninterrup
     for x, y in zip(plain, resumed, strict=True):
         same_run(x, y, from_epoch=1)
         assert y["micro"] == [m for m in x["micro"] if m["step"] >= step]
+
+
+def torchrun_on(nproc: int, out: Path, *options: str) -> list[dict]:
+    """``hf_ddp_worker.py OUT *options`` on ``nproc`` processes; what each saved."""
+    env = dict(
+        os.environ, OMP_NUM_THREADS="1", PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", "")
+    )
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
+    run = subprocess.run(
+        [*cmd, os.path.join(HERE, "hf_ddp_worker.py"), str(out), *options],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(nproc)]
+
+
+@pytest.mark.parametrize("nproc", [1, 3])
+def test_a_two_process_checkpoint_resumes_on_another_number_of_processes(tmp_path, nproc):
+    """accelerate's rounds change size with the number of processes; the position is a place in the
+    epoch's global order, so the resumed run trains what was left, with the same plans."""
+    full = torchrun_on(2, tmp_path / "full", "1")
+    stats = full[0]["epoch_stats"]
+    pruned = [m["step"] for m in full[0]["micro"] if m["epoch"] == 1]
+    step = pruned[len(pruned) // 2]
+    ckpt = tmp_path / "full" / "run" / f"checkpoint-{step}"
+    resumed = torchrun_on(nproc, tmp_path / "resumed", "1", str(ckpt))
+
+    def plans(s: list[dict]) -> list[tuple]:
+        return [(x["epoch"], x["kept"], x["pruned"], x["threshold"]) for x in s]
+
+    assert all(plans(r["epoch_stats"]) == plans(stats) for r in resumed)
+    for r in resumed:
+        assert r["epoch"] == 3.0 and r["progress"] == 1.0
+    before = [
+        i for r in full for m in r["micro"] if m["epoch"] == 1 and m["step"] < step for i in m["indices"]
+    ]
+    after = [i for r in resumed for m in r["micro"] if m["epoch"] == 1 for i in m["indices"]]
+    kept = stats[1]["kept"]
+    assert set(before) | set(after) == set(full[0]["plans"][1][0])  # the epoch's plan, all of it
+    assert len(before) + len(after) - kept < 4 * nproc  # repeats: the new world's last-round padding only
+
+
+def test_accelerate_launch_and_fsdp_train_exactly_as_torchrun_ddp(tmp_path):
+    """``accelerate launch`` (its multi-process launcher, on the CPU) gives the torchrun run; with the
+    model sharded by FSDP, pruning, weights and scores stay exactly those of DDP."""
+    plain = torchrun(tmp_path / "plain")
+    env = dict(
+        os.environ, OMP_NUM_THREADS="1", PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", "")
+    )
+    accelerate = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2"]
+    accelerate += ["--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+    run = subprocess.run(
+        [*accelerate, os.path.join(HERE, "hf_ddp_worker.py"), str(tmp_path / "accelerate")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    launched = [torch.load(tmp_path / "accelerate" / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    assert launched[0]["world"] == 2
+    for x, y in zip(plain, launched, strict=True):
+        same_run(x, y)
+    sharded = torchrun(tmp_path / "fsdp", "--fsdp")
+    for x, y in zip(plain, sharded, strict=True):
+        assert x["epoch_stats"] == y["epoch_stats"] and x["plans"] == y["plans"]
+        assert [m["weights"] for m in x["micro"]] == [m["weights"] for m in y["micro"]]
+        assert [m["indices"] for m in x["micro"]] == [m["indices"] for m in y["micro"]]
+        torch.testing.assert_close(x["scores"], y["scores"], equal_nan=True, rtol=1e-4, atol=1e-5)

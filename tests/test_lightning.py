@@ -188,15 +188,20 @@ def test_lightnings_distributed_sampler_replacement_is_refused_with_the_setting_
     assert module.rows == [] and lb.infobatch.scores.num_scored() == 0  # stopped before training
 
 
-def ddp_job(out: Path, *resume: str) -> None:
-    """``tests/lightning_job.py``: Lightning's own launcher starts the second process."""
+def run_job(*args: str) -> None:
+    """``python tests/lightning_job.py *args``: Lightning's own launcher starts the other processes."""
     job = Path(__file__).with_name("lightning_job.py")
     env = {k: v for k, v in os.environ.items() if k not in ("LOCAL_RANK", "MASTER_PORT", "WORLD_SIZE")}
     env["PYTHONPATH"] = os.pathsep.join([str(job.parent), env.get("PYTHONPATH", "")])
     run = subprocess.run(
-        [sys.executable, str(job), str(out), *resume], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, str(job), *args], env=env, capture_output=True, text=True, timeout=300
     )
     assert run.returncode == 0, run.stderr[-3000:]
+
+
+def ddp_job(out: Path, *resume: str) -> None:
+    """The 2-process job of ``lightning_job.ddp_main``."""
+    run_job(str(out), *resume)
 
 
 def test_ddp_two_processes_plan_alike_merge_scores_draw_independently_and_resume(tmp_path):
@@ -388,3 +393,40 @@ def test_fit_from_the_last_checkpoint_of_a_finished_fit_plans_and_trains_nothing
     assert module2.rows == []
     assert lb2.infobatch.epoch_stats == lb.infobatch.epoch_stats  # no extra epoch planned
     assert lb2.infobatch.position == lb.infobatch.position and lb2.progress == 1.0
+
+
+@pytest.fixture(scope="module")
+def two_process_fit(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("world")
+    run_job("world", str(out), "2")
+    return out
+
+
+@pytest.mark.parametrize("devices", [1, 3])
+def test_a_two_process_checkpoint_resumes_on_another_number_of_processes(two_process_fit, devices):
+    """Saved inside a pruned epoch on 2 DDP processes, resumed on 1 or 3: the same plans, and the
+    interrupted epoch trains the samples not trained yet, none twice but the new world's padding."""
+    tmp_path = two_process_fit
+    full = [torch.load(tmp_path / f"w2-{r}.pt", weights_only=False) for r in range(2)]
+    stats = full[0]["stats"]
+    epoch = next(e for e, s in enumerate(stats) if s["pruning"] and s["kept"] < 203)
+    done = len([r for r in full[0]["rows"] if r[0] < epoch]) + 3  # three batches into it
+    run_job("world", str(tmp_path), str(devices), str(tmp_path / "w2" / f"step={done}.ckpt"))
+    resumed = [torch.load(tmp_path / f"w{devices}r-{r}.pt", weights_only=False) for r in range(devices)]
+
+    def plans(s: list[dict]) -> list[tuple]:
+        return [(x["epoch"], x["kept"], x["pruned"], x["threshold"]) for x in s]
+
+    assert all(plans(r["stats"]) == plans(stats) for r in resumed)
+    torch.testing.assert_close(resumed[0]["scores"], full[0]["scores"], equal_nan=True)
+    before = [i for r in full for row in r["rows"] if row[0] == epoch and row[1] < 3 for i in row[2]]
+    after = [i for r in resumed for row in r["rows"] if row[0] == epoch for i in row[2]]
+    kept = stats[epoch]["kept"]
+    assert set(before) | set(after) == {
+        i for r in full for row in r["rows"] if row[0] == epoch for i in row[2]
+    }
+    assert len(set(before) | set(after)) == kept and len(before) + len(after) - kept < devices  # padding only
+    for e in range(epoch + 1, EPOCHS):
+        got = {i for r in resumed for row in r["rows"] if row[0] == e for i in row[2]}
+        assert got == {i for r in full for row in r["rows"] if row[0] == e for i in row[2]}
+    assert all(r["progress"] == 1.0 for r in resumed)

@@ -37,6 +37,10 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action) or text
 
 
+class _TableFormatter(argparse.RawDescriptionHelpFormatter, _Formatter):
+    """:class:`_Formatter` that keeps the description's and the epilog's lines as written (tables)."""
+
+
 def _int(text: str) -> int:
     try:
         v = int(text)
@@ -59,8 +63,9 @@ def _float(text: str) -> float:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``leanbatch`` command."""
     from leanbatch.bench.data import BUILTIN_DATASETS
-    from leanbatch.bench.methods import METHODS
-    from leanbatch.bench.presets import DEFAULT_BUDGETS, PRESETS
+    from leanbatch.bench.help_text import methods_help
+    from leanbatch.bench.methods import DEFAULT_METHODS, global_setting
+    from leanbatch.bench.presets import DEFAULT_BATCH_BUDGETS, DEFAULT_BUDGETS, PRESETS
 
     parser = _Parser(
         prog="leanbatch",
@@ -72,10 +77,11 @@ def build_parser() -> argparse.ArgumentParser:
         "bench",
         help="train with each method on real data and compare time and accuracy",
         description=(
-            "Train the same model with the same seeds under each method; print a table "
+            "Train the same model with the same seeds under each method; print a table\n"
             "and write results.json and PNG plots to --out."
         ),
-        formatter_class=_Formatter,
+        epilog=methods_help(),
+        formatter_class=_TableFormatter,
     )
     g = b.add_argument_group("what to run")
     g.add_argument(
@@ -86,8 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     g.add_argument(
         "--methods",
-        default=",".join(METHODS),
-        help="comma-separated methods, each optionally with overrides, e.g. 'infobatch+sb[sb_start=0.2]'",
+        default=",".join(DEFAULT_METHODS),
+        help="comma-separated method kinds, each optionally with settings in brackets (a row of its own), "
+        "e.g. 'infobatch+sb[start=0.2,keep=0.7]'; every kind and setting is listed below",
     )
     g.add_argument("--epochs", type=_int, default=None, help="epochs per run (default 8)")
     g.add_argument("--seeds", default=None, help="comma-separated seeds (default 0)")
@@ -98,6 +105,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="the baseline also trained for these fractions of its steps, with its schedule ending at "
         "its own end: the frontier every method is compared with at equal time; 'none' to skip "
         f"(default {DEFAULT_BUDGETS})",
+    )
+    g.add_argument(
+        "--batch-budgets",
+        default=None,
+        help="the baseline also trained for all its steps on batches of these fractions of --batch-size "
+        "(round(b x B) rows): the envelope's second family; 'none' to skip "
+        f"(default {DEFAULT_BATCH_BUDGETS})",
+    )
+    g.add_argument(
+        "--controls",
+        action="store_true",
+        help="run each method that has a uniform twin beside it (the same budget chosen at random; listed "
+        "below) and compare the two: what the choosing buys",
     )
     g.add_argument(
         "--preset",
@@ -131,6 +151,13 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--weight-decay", type=_float, default=5e-4, help="SGD weight decay")
     t.add_argument("--warmup", type=_float, default=0.03, help="fraction of training with linear LR warm-up")
     t.add_argument(
+        "--lr-rule",
+        choices=("same", "scaled"),
+        default="same",
+        help="LR of a step that trains fewer rows than --batch-size (a batch budget, a selected batch): "
+        "the same, or scaled by rows / batch size",
+    )
+    t.add_argument(
         "--augment",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -145,24 +172,20 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--device", default="auto", help="auto (cuda when available, else cpu), cpu, cuda, cuda:1")
     t.add_argument("--threads", type=_int, default=None, help="torch CPU threads (default: torch's)")
 
-    h = b.add_argument_group("method hyperparameters (defaults: the published ones)")
-    h.add_argument(
-        "--prune-ratio", type=_float, default=0.5, help="InfoBatch/random: share of below-mean pruned"
+    h = b.add_argument_group(
+        "method settings for every row that has them (brackets win; defaults: the papers')"
     )
-    h.add_argument("--delta", type=_float, default=0.875, help="InfoBatch/random: share of epochs that prune")
-    h.add_argument(
-        "--sb-keep", type=_float, default=0.5, help="Selective Backprop: share of a batch trained on"
-    )
-    h.add_argument(
-        "--sb-start", type=_float, default=0.5, help="Selective Backprop: start (share of training)"
-    )
-    h.add_argument("--sb-end", type=_float, default=0.9, help="Selective Backprop: end (share of training)")
-    h.add_argument(
-        "--sb-scale", type=_float, default=0.5, help="Selective Backprop: selection-pass downsampling"
-    )
-    h.add_argument(
-        "--sb-interrupt", type=int, default=2, help="Selective Backprop: every n-th batch trains in full"
-    )
+    for option, kind, meaning in (
+        ("--prune-ratio", _float, "share of the below-mean samples pruned"),
+        ("--delta", _float, "share of the epochs that prune"),
+        ("--sb-keep", _float, "share of a batch trained on"),
+        ("--sb-start", _float, "start (share of training)"),
+        ("--sb-end", _float, "end (share of training)"),
+        ("--sb-scale", _float, "selection-pass downsampling"),
+        ("--sb-interrupt", _int, "every n-th batch trains in full"),
+    ):
+        name, kinds, default = global_setting(option[2:].replace("-", "_"))
+        h.add_argument(option, type=kind, default=default, help=f"{name} of {', '.join(kinds)}: {meaning}")
     h.add_argument(
         "--stack-scores",
         choices=("selection", "trained"),

@@ -123,13 +123,17 @@ class TrainingRecord:
         return self.planner.plan(self._next()[0])
 
     def local_length(self) -> int:
-        """Samples this rank serves in the iteration being trained, or in the next one."""
+        """Samples this rank serves in the iteration being trained, or in the next one.
+
+        Past the last epoch nothing is planned or served, and the length stays the last
+        iteration's (a loop that divides by ``len(loader)`` after its last update keeps working).
+        """
         it = self._live()
         if it is not None:
             return it.length
         epoch, start = self._next()
         if epoch >= self.num_epochs:
-            return 0
+            return self._its[-1].length if self._its else 0
         return self.sharding.local_length(self.plan().order_length, start)
 
     def left(self) -> int:

@@ -8,6 +8,8 @@
   reproducible, independent across ranks, resumable from a counter, and never touch the global
   torch, numpy or Python random state. The rank is read from the process group at the first
   draw, not at construction: frameworks build objects before they initialise the group.
+  :meth:`Generators.shared` is the draw every rank makes alike (global selection): keyed by
+  ``mix_seed(seed, SHARED, *keys)``, :data:`SHARED` in the rank's place.
 
 Example:
     >>> import torch
@@ -30,6 +32,7 @@ from leanbatch.permutation import mix_seed
 
 __all__ = [
     "DEFAULT_SEED",
+    "SHARED",
     "Generators",
     "all_gather_rows",
     "comm_device",
@@ -42,6 +45,7 @@ __all__ = [
 ]
 
 DEFAULT_SEED = 1910_00762  # Selective Backprop's arXiv id: unlikely to collide with a user's data seed
+SHARED = -1  # the key of draws every rank makes alike, in the rank's place: no rank is negative
 
 
 def initialized() -> bool:
@@ -183,12 +187,26 @@ class Generators:
 
     def get(self, device: torch.device | str, *keys: int) -> torch.Generator:
         """The generator of ``device``, reseeded for ``keys`` (host work only: no device read)."""
+        return self._seeded(device, rank_seed(self.seed, self.rank, *keys))
+
+    def shared(self, device: torch.device | str, *keys: int) -> torch.Generator:
+        """The generator of ``device``, reseeded for ``keys`` alike on every rank: ``mix_seed(seed,
+        SHARED, *keys)`` (host work only). The same generator object as :meth:`get`'s.
+
+        Example:
+            >>> import torch
+            >>> g0, g1 = Generators(seed=3, rank=0), Generators(seed=3, rank=1)
+            >>> torch.equal(torch.rand(3, generator=g0.shared("cpu", 5)), torch.rand(3, generator=g1.shared("cpu", 5)))
+            True
+        """
+        return self._seeded(device, mix_seed(self.seed, SHARED, *keys))
+
+    def _seeded(self, device: torch.device | str, seed: int) -> torch.Generator:
         dev = canonical_device(device)
         gen = self._by_device.get(dev)
         if gen is None:
             gen = self._by_device[dev] = torch.Generator(device=dev)
-        gen.manual_seed(rank_seed(self.seed, self.rank, *keys))
-        return gen
+        return gen.manual_seed(seed)
 
     def stream(self, device: torch.device | str) -> torch.Generator:
         """The device's continuing stream, seeded once from ``(seed, rank)`` (for callers without a counter).

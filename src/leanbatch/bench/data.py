@@ -43,7 +43,6 @@ from leanbatch.bench.userdata import PIXEL_DTYPES, DataError, RawData, read_path
 __all__ = [
     "DataSplit",
     "DataError",
-    "IndexDataset",
     "BUILTIN_DATASETS",
     "load_data",
     "looks_like_path",
@@ -53,7 +52,9 @@ __all__ = [
 
 BUILTIN_DATASETS = ("mnist-5k", "digits")
 _CHANNELS = (1, 3, 4)
-CROP_PADDING = 4  # the benchmark's random crop pads each side by this much (reflect), see bench.train
+CROP_PADDING = (
+    4  # the benchmark's random crop pads each side by this much (reflect), see bench.loop_parts.augment
+)
 
 
 @dataclass
@@ -96,25 +97,6 @@ class DataSplit:
             "shape": list(self.x_train.shape[1:]),
             "notes": list(self.notes),
         }
-
-
-class IndexDataset(torch.utils.data.Dataset):
-    """A dataset of ``n`` indices: what InfoBatch wraps when batches are gathered from tensors.
-
-    Example:
-        >>> ds = IndexDataset(3)
-        >>> len(ds), ds[2]
-        (3, 2)
-    """
-
-    def __init__(self, n: int):
-        self.n = n
-
-    def __len__(self) -> int:
-        return self.n
-
-    def __getitem__(self, index: int) -> int:
-        return index
 
 
 def looks_like_path(spec: str) -> bool:

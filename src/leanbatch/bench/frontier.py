@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -52,7 +52,12 @@ __all__ = [
     "interpolate",
     "t_quantile",
     "compare",
+    "judge",
+    "Interval",
+    "interval",
     "is_frontier",
+    "frontier_point",
+    "clock_time",
     "equal_time",
     "CLOCKS",
     "mean_of",
@@ -123,7 +128,9 @@ class SeedComparison:
     """One seed of a row: the method's run against the same seed's frontier.
 
     ``range`` is ``inside``, ``faster`` (quicker than the seed's shortest budget run) or
-    ``slower`` (slower than its longest); outside, ``frontier_acc`` and ``diff`` are None.
+    ``slower`` (slower than its longest), ``none`` (no frontier at that seed) or, against an
+    envelope of several families, ``gap`` (between families, none defined there); outside,
+    ``frontier_acc`` and ``diff`` are None.
     """
 
     seed: int
@@ -184,22 +191,34 @@ def compare(
         >>> [round(s.diff, 2) for s in c.per_seed], c.verdict
         ([0.2, -0.2], 'on')
     """
-    seeds = sorted(s for s in runs if s in frontier)
     per_seed: list[SeedComparison] = []
-    no_frontier = False
-    for s in seeds:
+    for s in sorted(s for s in runs if s in frontier):
         t, acc = runs[s]
         points = frontier[s]
         if len({p[0] for p in points}) < 2:
-            no_frontier = True
             per_seed.append(SeedComparison(s, t, acc, None, None, "none"))
             continue
         f = interpolate(points, t)
         per_seed.append(SeedComparison(s, t, acc, f, None if f is None else acc - f, _range(points, t)))
+    return judge(per_seed)
+
+
+def judge(per_seed: Sequence[SeedComparison]) -> Comparison:
+    """A row's :class:`Comparison` from its seeds paired with a yardstick (the step frontier, or the
+    envelope of :mod:`~leanbatch.bench.envelope`) by the one rule of the module docstring: ``no
+    frontier`` when some seed has none, ``out of range`` when some seed is not ``inside`` it.
+
+    Example:
+        >>> pairs = [SeedComparison(0, 10.0, 91.0, 90.0, 1.0, "inside"), SeedComparison(1, 10.0, 92.0, 90.8, 1.2, "inside")]
+        >>> c = judge(pairs)
+        >>> round(c.diff_mean, 2), c.verdict
+        (1.1, 'on')
+    """
+    per_seed = list(per_seed)
     result = Comparison(
-        seeds=seeds,
-        acc_mean=mean_of([runs[s][1] for s in seeds]),
-        train_time_s_mean=mean_of([runs[s][0] for s in seeds]),
+        seeds=[p.seed for p in per_seed],
+        acc_mean=mean_of([p.acc for p in per_seed]),
+        train_time_s_mean=mean_of([p.train_time_s for p in per_seed]),
         frontier_acc_mean=None,
         diff_mean=None,
         diff_std=None,
@@ -210,23 +229,55 @@ def compare(
         slower=sum(p.range == "slower" for p in per_seed),
         per_seed=per_seed,
     )
-    if no_frontier or not seeds:
+    if not per_seed or any(p.range == "none" for p in per_seed):
         return result
-    if result.faster or result.slower:
+    if any(p.range != "inside" for p in per_seed):
         result.verdict = "out of range"
         return result
     diffs = [p.diff for p in per_seed if p.diff is not None]
     result.frontier_acc_mean = mean_of([p.frontier_acc for p in per_seed if p.frontier_acc is not None])
-    result.diff_mean = mean_of(diffs)
+    stats = interval(diffs)
+    result.diff_mean, result.diff_std, result.verdict = stats.mean, stats.std, stats.verdict
+    result.ci_low, result.ci_high = stats.low, stats.high
+    return result
+
+
+@dataclass
+class Interval:
+    """The mean of paired differences, their spread, the 95% t interval of the mean and the verdict.
+
+    Example:
+        >>> Interval(0.5, None, None, None, "undecided").verdict
+        'undecided'
+    """
+
+    mean: float
+    std: float | None
+    low: float | None
+    high: float | None
+    verdict: str
+
+
+def interval(diffs: Sequence[float]) -> Interval:
+    """The one verdict rule on paired per-seed differences (module docstring, point 5): ``above`` /
+    ``below`` when the 95% t interval excludes 0 and ``|mean| > std``, else ``on``; ``undecided``
+    with one difference (no spread), ``no pairs`` with none.
+
+    Example:
+        >>> r = interval([0.5, 0.7, 0.6])
+        >>> round(r.mean, 2), round(r.std, 2), r.verdict
+        (0.6, 0.1, 'above')
+        >>> interval([0.5]).verdict, interval([]).verdict
+        ('undecided', 'no pairs')
+    """
+    if not diffs:
+        return Interval(float("nan"), None, None, None, "no pairs")
+    mean = mean_of(diffs)
     if len(diffs) < 2:
-        result.verdict = "undecided"
-        return result
+        return Interval(mean, None, None, None, "undecided")
     std = statistics.stdev(diffs)
     half = t_quantile(len(diffs) - 1) * std / math.sqrt(len(diffs))
-    result.diff_std = std
-    result.ci_low, result.ci_high = result.diff_mean - half, result.diff_mean + half
-    result.verdict = _verdict(result.diff_mean, std, result.ci_low, result.ci_high)
-    return result
+    return Interval(mean, std, mean - half, mean + half, _verdict(mean, std, mean - half, mean + half))
 
 
 def _verdict(mean: float, std: float, low: float, high: float) -> str:
@@ -257,9 +308,52 @@ def std_of(xs: Sequence[float]) -> float:
     return float(statistics.stdev(xs)) if len(xs) > 1 else 0.0
 
 
-def is_frontier(kind: str) -> bool:
-    """Runs of this method kind draw the frontier (the baseline, at any budget); all others are compared."""
-    return kind == "baseline"
+def is_frontier(kind: str, batch: float = 1.0) -> bool:
+    """Runs of this kind draw the step frontier (the baseline at its batch size); all others are compared.
+
+    Example:
+        >>> is_frontier("baseline"), is_frontier("baseline", batch=0.5), is_frontier("sb")
+        (True, False, False)
+    """
+    return kind == "baseline" and batch == 1.0
+
+
+def frontier_point(
+    label: str, runs: Sequence[RunResult], time_of: Callable[[RunResult], float]
+) -> dict[str, Any]:
+    """One point of a baseline family: the runs of ``label`` (one per seed), their mean and spread of
+    final accuracy and of time (``time_of``: the clock).
+
+    Example:
+        >>> from leanbatch.bench.records import EpochRecord, RunResult
+        >>> runs = [RunResult("baseline", "baseline", s, 10, [EpochRecord(0, 2.0 + s, 1.0, 90.0 + s, 0.3, 0.3, 1, 10, 10, 0, 10, 0.0)]) for s in (0, 1)]
+        >>> p = frontier_point("baseline", runs, clock_time("wall"))
+        >>> p["acc_mean"], p["train_time_s_mean"], p["seeds"]
+        (90.5, 2.5, [0, 1])
+    """
+    return {
+        "method": label,
+        "budget": runs[0].budget,
+        "seeds": [r.seed for r in runs],
+        "acc_mean": mean_of([r.final_acc for r in runs]),
+        "acc_std": std_of([r.final_acc for r in runs]),
+        "train_time_s_mean": mean_of([time_of(r) for r in runs]),
+        "train_time_s_std": std_of([time_of(r) for r in runs]),
+    }
+
+
+def clock_time(clock: str) -> Callable[[RunResult], float]:
+    """The time of a run on ``clock``: ``wall`` (training wall-clock) or ``cpu`` (the process's CPU time).
+
+    Example:
+        >>> from leanbatch.bench.records import EpochRecord, RunResult
+        >>> run = RunResult("sb", "sb", 0, 10, [EpochRecord(0, 2.0, 1.5, 90.0, 0.3, 0.3, 1, 10, 10, 0, 10, 0.0)])
+        >>> clock_time("wall")(run), clock_time("cpu")(run)
+        (2.0, 1.5)
+    """
+    if clock not in CLOCKS:
+        raise ValueError(f"clock must be one of {CLOCKS}, got {clock!r}")
+    return (lambda r: r.train_time) if clock == "wall" else (lambda r: r.train_cpu_time)
 
 
 CLOCKS = ("wall", "cpu")
@@ -271,42 +365,27 @@ def equal_time(
     """The ``equal_time`` section of results.json from finished runs.
 
     ``frontier``: one entry per budget (ascending) with its mean and spread of accuracy and time;
-    ``rows``: one :class:`Comparison` per other method label (``order`` first, then first-seen),
+    ``rows``: one :class:`Comparison` per other method label (the baseline on smaller batches too) (``order`` first, then first-seen),
     so any method, including ones added later, is held to the same yardstick. ``clock`` is the
     time axis: ``wall`` (training wall-clock) or ``cpu`` (the process's CPU time over the same
     spans; with one thread it leaves out the time other work on a shared machine took).
     """
-    if clock not in CLOCKS:
-        raise ValueError(f"clock must be one of {CLOCKS}, got {clock!r}")
-
-    def time_of(r: RunResult) -> float:
-        return r.train_time if clock == "wall" else r.train_cpu_time
-
+    time_of = clock_time(clock)
     labels = list(dict.fromkeys([*(order or []), *(r.label for r in runs)]))
     groups = {lab: [r for r in runs if r.label == lab] for lab in labels}
     groups = {lab: rs for lab, rs in groups.items() if rs}
     frontier: dict[int, list[tuple[float, float]]] = {}
     points: list[dict[str, Any]] = []
     for lab, rs in groups.items():
-        if not is_frontier(rs[0].kind):
+        if not is_frontier(rs[0].kind, rs[0].batch):
             continue
         for r in rs:
             frontier.setdefault(r.seed, []).append((time_of(r), r.final_acc))
-        points.append(
-            {
-                "method": lab,
-                "budget": rs[0].budget,
-                "seeds": [r.seed for r in rs],
-                "acc_mean": mean_of([r.final_acc for r in rs]),
-                "acc_std": std_of([r.final_acc for r in rs]),
-                "train_time_s_mean": mean_of([time_of(r) for r in rs]),
-                "train_time_s_std": std_of([time_of(r) for r in rs]),
-            }
-        )
+        points.append(frontier_point(lab, rs, time_of))
     points.sort(key=lambda p: p["budget"])
     rows = []
     for lab, rs in groups.items():
-        if is_frontier(rs[0].kind):
+        if is_frontier(rs[0].kind, rs[0].batch):
             continue
         comparison = compare(frontier, {r.seed: (time_of(r), r.final_acc) for r in rs})
         rows.append({"method": lab, "kind": rs[0].kind, **comparison.as_dict()})

@@ -1,269 +1,206 @@
-"""The methods the benchmark compares, and how a method is written on the command line.
+"""The rows of a comparison, and how ``--methods`` writes them.
 
-``--methods`` takes a comma-separated list. Each item is a method name, optionally
-followed by hyperparameter overrides in brackets, which also makes it a separate
-row of the table::
+``--methods`` takes a comma-separated list. Each item is a method kind (:data:`REGISTRY`), optionally
+followed by settings in brackets, which also makes it a row of its own, labelled as typed::
 
     baseline,random,infobatch,sb,infobatch+sb
-    baseline,infobatch,infobatch+sb[sb_start=0.2,sb_keep=0.7]
+    baseline,infobatch,infobatch+sb[start=0.2,keep=0.7]
+    infobatch+sb[sb_start=0.2,sb_keep=0.7]          # the same settings, in the old spelling
 
-Hyperparameters (defaults are the published ones):
-
-- ``prune_ratio`` (0.5), ``delta`` (0.875): InfoBatch / random pruning (Qin et al., ICLR 2024).
-- ``sb_keep`` (0.5), ``sb_start`` (0.5), ``sb_end`` (0.9), ``sb_scale`` (0.5), ``sb_interrupt`` (2):
-  Selective Backprop as in MosaicML Composer: between ``sb_start`` and ``sb_end`` of training, on all
-  but every ``sb_interrupt``-th batch, rank the batch by a no-grad forward pass on a copy downsampled by
-  ``sb_scale`` and backpropagate only the ``sb_keep`` fraction with the highest loss.
-- ``budget`` (1): ``baseline`` only: train for this fraction of the baseline's steps (``epochs x
-  batches per epoch``, rounded), with the learning-rate schedule ending at the run's own end; the
-  last epoch is cut short when the steps do not fill it. ``--budgets`` adds these rows; they draw
-  the frontier every other row is compared with at equal time (:mod:`~leanbatch.bench.frontier`).
-- ``stack_scores`` (``selection``): for ``infobatch+sb``, which losses InfoBatch stores on a selected
-  batch: ``selection`` stores the selection pass's loss of every example of the batch; ``trained``
-  stores only the full-resolution training losses of the selected examples (the others keep their
-  previous score).
-
-Methods beyond the default five (``--methods`` lists them by name; each paper's defaults):
-
-- ``infobatch`` / ``random`` options for short schedules (each off by default): ``ib_target``
-  (``below``: ``prune_ratio`` is a share of the below-mean samples, the paper; ``all``: a share of all
-  samples, drawn from the below-mean ones), ``ib_warmup`` (0: epochs that train on all data first; epoch 0 always does, so 2 is
-  the first value that changes anything),
-  ``ib_refresh`` (0: every n-th epoch trains on all data), ``ib_max_weight`` (0: the exact
-  rescaling; else its cap, e.g. 1 = no rescaling).
-- ``rs2``: repeated random sampling without replacement (Okanovic et al., 2023): ``prune_fraction``
-  (0.3) of the data left out of every epoch, cycling through the data.
-- ``epsilon-greedy``, ``ucb``: dynamic pruning by a bandit rule (Raju et al., 2021): ``prune_fraction``
-  (0.3), ``epsilon`` (0.1) random share of the budget, ``score_ema`` (0.9) momentum of the loss EMA,
-  ``ucb_c`` (1.0) weight of its standard deviation.
-- ``seta``: SeTa (Zhou et al., CVPR 2025): ``seta_prune`` (0.1) random pruning, ``seta_groups`` (5)
-  loss groups, ``seta_window`` (0.9) share of the groups in the sliding window, ``delta`` annealing.
-- ``obs``: online batch selection by loss rank (Loshchilov & Hutter, 2015), no extra forward pass:
-  ``sel_keep`` (0.5) of each batch, ``obs_pressure`` (100) selection pressure, ``obs_final_pressure``
-  (0: constant) to decay it to.
-- ``sb-proxy``: the hardest ``sel_keep`` (0.5) of each batch by a proxy model ``proxy_width`` (0.25)
-  times the width, trained alongside (the airbench runs) on its own hardest ``proxy_keep`` (0.5) of
-  every ``proxy_every``-th (1) batch.
-- ``sel_start`` (0), ``sel_end`` (1), ``sel_interrupt`` (0): the window of ``obs`` and ``sb-proxy``
-  (their papers select on every batch).
+Settings are named as the library names them (``InfoBatchPolicy(prune_ratio=, delta=, target=,
+warmup_epochs=, refresh_every=, max_weight=)``, ``SelectiveBackprop(keep=, start=, end=,
+scale_factor=, interrupt=)``, ``OnlineBatchSelection(pressure=, final_pressure=)``...); the
+spellings of earlier versions (``sb_keep``, ``prune_fraction``, ``ib_warmup``...) are aliases.
+``leanbatch bench --help`` lists every kind and setting. A row is validated by building its
+library objects, so a bad value is the library's one-line error, prefixed with the row.
+NaN and infinity are refused in brackets, whatever the setting.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["METHODS", "MAX_BUDGET", "MethodSpec", "MethodError", "parse_methods", "budget_label"]
+import torch
+from torch import nn
 
-METHODS = ("baseline", "random", "infobatch", "sb", "infobatch+sb")
-_PRUNING = ("random", "infobatch", "infobatch+sb")
-_SELECTING = ("sb", "infobatch+sb")
-MAX_BUDGET = 4.0  # a budget above 1 trains longer than the baseline (a frontier reaching slower methods)
+from leanbatch.bench.registry import MAX_BUDGET, REGISTRY, MethodKind, SelectorContext, Setting
+from leanbatch.checks import check_real
+from leanbatch.policies import Policy
+from leanbatch.selection import Selector
+
+__all__ = [
+    "DEFAULT_METHODS",
+    "GLOBAL_SETTINGS",
+    "KINDS",
+    "MAX_BUDGET",
+    "MethodError",
+    "MethodRow",
+    "budget_label",
+    "global_setting",
+    "make_row",
+    "parse_methods",
+]
+
+KINDS = tuple(REGISTRY)  # every kind --methods accepts
+DEFAULT_METHODS = tuple(k.name for k in REGISTRY.values() if k.default_run)  # what --methods defaults to
+# The global options (--prune-ratio, --delta, --sb-*, --stack-scores), by the key each sets: a row
+# whose setting carries that key in results.json takes the option's value (brackets still win).
+GLOBAL_SETTINGS = (
+    "prune_ratio",
+    "delta",
+    "sb_keep",
+    "sb_start",
+    "sb_end",
+    "sb_scale",
+    "sb_interrupt",
+    "stack_scores",
+)
 
 
 class MethodError(ValueError):
-    """A method list could not be parsed; the message is one line."""
+    """A method list could not be parsed or a row's settings are invalid; the message is one line.
 
-
-NEW_METHODS = ("rs2", "epsilon-greedy", "ucb", "seta", "obs", "sb-proxy")  # not in the default run
-KINDS = METHODS + NEW_METHODS  # every method --methods accepts
-_NEW_PRUNING = ("rs2", "epsilon-greedy", "ucb", "seta")
-_NEW_SELECTING = ("obs", "sb-proxy")
-__all__ += ["KINDS", "NEW_METHODS"]
+    Example:
+        >>> try:
+        ...     parse_methods("sb[sb_keep=2]")
+        ... except MethodError as e:
+        ...     print(e)
+        sb[sb_keep=2]: keep must be in (0, 1], got 2.0 (sb_keep is keep)
+    """
 
 
 @dataclass(frozen=True)
-class MethodSpec:
-    """One row of the comparison: a method and its hyperparameters."""
+class MethodRow:
+    """One row of the comparison: a label, a registered kind and its settings (library names).
+
+    Example:
+        >>> row = parse_methods("obs[sel_keep=0.7]")[0]
+        >>> row.label, row.kind, row.settings["keep"], row.selects
+        ('obs[sel_keep=0.7]', 'obs', 0.7, True)
+        >>> row.config()["sel_keep"], row.config()["settings"]["keep"]
+        (0.7, 0.7)
+    """
 
     label: str
     kind: str
-    prune_ratio: float = 0.5
-    delta: float = 0.875
-    sb_keep: float = 0.5
-    sb_start: float = 0.5
-    sb_end: float = 0.9
-    sb_scale: float = 0.5
-    sb_interrupt: int = 2
-    ib_target: str = "below"
-    ib_warmup: int = 0
-    ib_refresh: int = 0
-    ib_max_weight: float = 0.0
-    prune_fraction: float = 0.3
-    epsilon: float = 0.1
-    score_ema: float = 0.9
-    ucb_c: float = 1.0
-    seta_prune: float = 0.1
-    seta_groups: int = 5
-    seta_window: float = 0.9
-    sel_keep: float = 0.5
-    sel_start: float = 0.0
-    sel_end: float = 1.0
-    sel_interrupt: int = 0
-    obs_pressure: float = 100.0
-    obs_final_pressure: float = 0.0
-    proxy_width: float = 0.25
-    proxy_keep: float = 0.5
-    proxy_every: int = 1
-    stack_scores: str = "selection"
-    budget: float = 1.0
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    recorded: Mapping[str, Any] = field(default_factory=dict)  # see MethodKind.recorded
+    control: str | None = None  # the label of this row's uniform twin's row (--controls)
+
+    @property
+    def method(self) -> MethodKind:
+        """The registry entry of this row's kind."""
+        return REGISTRY[self.kind]
 
     @property
     def prunes(self) -> bool:
-        """Epoch-level pruning (an :class:`~leanbatch.InfoBatch` wrapper) is part of this method."""
-        return self.kind in _PRUNING or self.kind in _NEW_PRUNING
+        """Epoch-level pruning is part of this method."""
+        return self.method.prunes
 
     @property
     def selects(self) -> bool:
-        """Batch-level selection (Selective Backprop) is part of this method."""
-        return self.kind in _SELECTING or self.kind in _NEW_SELECTING
+        """Batch-level selection is part of this method."""
+        return self.method.selects
 
     @property
-    def policy(self) -> str:
-        return "random" if self.kind == "random" else "infobatch"
+    def selection_scale(self) -> float:
+        """The scale a selection pass is charged at in the work (a pass costs ``scale ** 2`` of a forward):
+        ``scale_factor`` of a downsampled selection pass; a row scored otherwise (the proxy) is charged
+        at the ``--sb-scale`` its results.json entry records, as in earlier versions.
 
-    def hyperparameters(self) -> dict[str, Any]:
-        """The hyperparameters this method actually uses."""
-        d = asdict(self)
-        keep: list[str] = []
-        if self.kind == "baseline":
-            keep.append("budget")
-        if self.prunes:
-            keep += ["prune_ratio", "delta"]
-        if self.selects:
-            keep += ["sb_keep", "sb_start", "sb_end", "sb_scale", "sb_interrupt"]
-        if self.kind == "infobatch+sb":
-            keep.append("stack_scores")
-        if self.kind in _NEW_HYPERPARAMETERS:  # their own budget fields, not InfoBatch's
-            keep = [k for k in keep if k not in ("prune_ratio", "delta")] + list(
-                _NEW_HYPERPARAMETERS[self.kind]
-            )
-        if self.kind in ("random", "infobatch", "infobatch+sb"):
-            keep += ["ib_target", "ib_warmup", "ib_refresh", "ib_max_weight"]
-        return {k: d[k] for k in keep}
+        Example:
+            >>> parse_methods("sb[scale_factor=0.25]")[0].selection_scale, parse_methods("sb-proxy")[0].selection_scale
+            (0.25, 0.5)
+        """
+        return float(self.settings.get("scale_factor", self.recorded.get("sb_scale", 1.0)))
 
-    def make_policy(self, num_epochs: int, seed: int) -> Any:
+    @property
+    def budget(self) -> float:
+        """The share of the baseline's steps this row trains for (1 but for the frontier's baselines)."""
+        return float(self.settings.get("budget", 1.0))
+
+    @property
+    def batch(self) -> float:
+        """The share of the batch size this row trains with (1 but for the batch-budget baselines)."""
+        return float(self.settings.get("batch", 1.0))
+
+    def make_policy(self, num_epochs: int, seed: int) -> Policy:
         """The pruning policy of this row (``prunes`` only), for ``InfoBatch(policy=...)``.
 
         Example:
-            >>> MethodSpec("rs2", "rs2").make_policy(8, seed=0)
+            >>> parse_methods("rs2")[0].make_policy(8, seed=0)
             RS2Policy(prune_ratio=0.3, num_epochs=8, delta=1.0, seed=0)
         """
-        from leanbatch.policies import (
-            EpsilonGreedyPolicy,
-            InfoBatchPolicy,
-            RandomPolicy,
-            RS2Policy,
-            SeTaPolicy,
-            UCBPolicy,
-        )
+        return self.method.build_policy(self.settings, num_epochs, seed)
 
-        if self.kind == "rs2":
-            return RS2Policy(self.prune_fraction, num_epochs, seed=seed)
-        if self.kind == "epsilon-greedy":
-            return EpsilonGreedyPolicy(
-                self.prune_fraction, num_epochs, epsilon=self.epsilon, ema=self.score_ema
-            )
-        if self.kind == "ucb":
-            return UCBPolicy(
-                self.prune_fraction, num_epochs, epsilon=self.epsilon, ema=self.score_ema, c=self.ucb_c
-            )
-        if self.kind == "seta":
-            return SeTaPolicy(self.seta_prune, num_epochs, self.seta_groups, self.seta_window, self.delta)
-        cls = RandomPolicy if self.kind == "random" else InfoBatchPolicy
-        return cls(
-            self.prune_ratio,
-            num_epochs,
-            self.delta,
-            target=self.ib_target,
-            warmup_epochs=self.ib_warmup,
-            refresh_every=self.ib_refresh,
-            max_weight=self.ib_max_weight or None,
-        )
+    def make_selector(self, context: SelectorContext) -> Selector:
+        """The selector of this row (``selects`` only); see :class:`~leanbatch.bench.registry.SelectorContext`."""
+        return self.method.build_selector(self.settings, context)
 
-    def validate(self) -> None:
-        """Raise :class:`MethodError` for hyperparameters out of range."""
-        if not 0.0 <= self.prune_ratio < 1.0:
-            raise MethodError(f"{self.label}: prune_ratio must be in [0, 1), got {self.prune_ratio}")
-        if not 0.0 < self.delta <= 1.0:
-            raise MethodError(f"{self.label}: delta must be in (0, 1], got {self.delta}")
-        if not 0.0 < self.sb_keep <= 1.0:
-            raise MethodError(f"{self.label}: sb_keep must be in (0, 1], got {self.sb_keep}")
-        if not 0.0 <= self.sb_start < self.sb_end <= 1.0:
-            raise MethodError(
-                f"{self.label}: need 0 <= sb_start < sb_end <= 1, got {self.sb_start}, {self.sb_end}"
-            )
-        if not 0.0 < self.sb_scale <= 1.0:
-            raise MethodError(f"{self.label}: sb_scale must be in (0, 1], got {self.sb_scale}")
-        if self.sb_interrupt < 0:
-            raise MethodError(f"{self.label}: sb_interrupt must be >= 0, got {self.sb_interrupt}")
-        if not 0.0 < self.budget <= MAX_BUDGET:
-            raise MethodError(f"{self.label}: budget must be in (0, {MAX_BUDGET:g}], got {self.budget}")
-        if self.budget != 1.0 and self.kind != "baseline":
-            raise MethodError(f"{self.label}: budget applies to baseline only (the frontier's runs)")
-        if self.stack_scores not in ("selection", "trained"):
-            raise MethodError(
-                f"{self.label}: stack_scores must be 'selection' or 'trained', got {self.stack_scores!r}"
-            )
-        self._validate_new()
+    def probe_selector(self) -> Selector:
+        """This row's selector built for checks: seed 0, a one-sample memory, a one-parameter proxy, zero
+        irreducible losses (no holdout model trained).
 
-    def _validate_new(self) -> None:
-        """The hyperparameters of the methods beyond the default five, through the library's own checks."""
-        bad = [
-            f"{name}={getattr(self, name)}" for name, ok in _NEW_RANGES.items() if not ok(getattr(self, name))
-        ]
-        if self.ib_target not in ("below", "all"):
-            bad.append(f"ib_target={self.ib_target!r} (below or all)")
-        if not self.sel_start < self.sel_end:
-            bad.append(f"sel_start={self.sel_start} >= sel_end={self.sel_end}")
-        if bad:
-            raise MethodError(f"{self.label}: out of range: {', '.join(bad)}; see leanbatch.bench.methods")
-        if self.prunes:
-            try:
-                self.make_policy(8, seed=0)
-            except ValueError as e:
-                raise MethodError(f"{self.label}: {e}") from None
+        Example:
+            >>> parse_methods("sb")[0].probe_selector().keep
+            0.5
+        """
+        return self.make_selector(SelectorContext(0, 1, _probe_proxy, lambda settings: torch.zeros(1)))
+
+    def config(self) -> dict[str, Any]:
+        """The row's entry in ``config.methods``: label, kind, each setting under its key in earlier
+        versions (:attr:`Setting.key`) and ``settings``, by the library's names.
+
+        Example:
+            >>> parse_methods("rs2")[0].config()
+            {'label': 'rs2', 'kind': 'rs2', 'prune_fraction': 0.3, 'settings': {'prune_ratio': 0.3}}
+        """
+        legacy = {s.key: s.legacy_value(self.settings[s.name]) for s in self.method.settings}
+        control = {} if self.control is None else {"control": self.control}
+        return {
+            "label": self.label,
+            "kind": self.kind,
+            **self.recorded,
+            **legacy,
+            "settings": dict(self.settings),
+            **control,
+        }
+
+    def validate(self, num_epochs: int = 8) -> None:
+        """Build this row's library objects; :class:`MethodError` naming the row if they refuse."""
+        try:
+            self.method.check(self.settings)
+            if self.prunes:
+                self.make_policy(num_epochs, seed=0)
+            if self.selects:
+                self.probe_selector()
+        except (TypeError, ValueError) as e:
+            raise MethodError(f"{self.label}: {e}{_alias_note(self)}") from None
 
 
-_NEW_HYPERPARAMETERS: dict[str, tuple[str, ...]] = {
-    "rs2": ("prune_fraction",),
-    "epsilon-greedy": ("prune_fraction", "epsilon", "score_ema"),
-    "ucb": ("prune_fraction", "epsilon", "score_ema", "ucb_c"),
-    "seta": ("seta_prune", "seta_groups", "seta_window", "delta"),
-    "obs": ("sel_keep", "sel_start", "sel_end", "sel_interrupt", "obs_pressure", "obs_final_pressure"),
-    "sb-proxy": (
-        "sel_keep",
-        "sel_start",
-        "sel_end",
-        "sel_interrupt",
-        "proxy_width",
-        "proxy_keep",
-        "proxy_every",
-    ),
-}
-_NEW_RANGES = {
-    "ib_warmup": lambda v: v >= 0,
-    "ib_refresh": lambda v: v >= 0,
-    "ib_max_weight": lambda v: v == 0 or v >= 1,
-    "prune_fraction": lambda v: 0 <= v < 1,
-    "epsilon": lambda v: 0 <= v <= 1,
-    "score_ema": lambda v: 0 <= v < 1,
-    "ucb_c": lambda v: v >= 0,
-    "seta_prune": lambda v: 0 <= v < 1,
-    "seta_groups": lambda v: v >= 1,
-    "seta_window": lambda v: 0 < v <= 1,
-    "sel_keep": lambda v: 0 < v <= 1,
-    "sel_start": lambda v: 0 <= v < 1,
-    "sel_end": lambda v: 0 < v <= 1,
-    "sel_interrupt": lambda v: v >= 0,
-    "obs_pressure": lambda v: v >= 1,
-    "obs_final_pressure": lambda v: v == 0 or v >= 1,
-    "proxy_width": lambda v: 0 < v <= 1,
-    "proxy_keep": lambda v: 0 < v <= 1,
-    "proxy_every": lambda v: v >= 1,
-}
+def _probe_proxy(width: float) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """A stand-in proxy (one zero parameter, no random draw) for checking settings."""
+    model = nn.Module()
+    model.weight = nn.Parameter(torch.zeros(1))
+    return model, torch.optim.SGD(model.parameters(), lr=0.1)
 
 
+def _alias_note(row: MethodRow) -> str:
+    """`` (sb_keep is keep)`` for every old spelling in the row's label."""
+    typed = _typed_keys(row.label)
+    pairs = [f"{k} is {s.name}" for k in typed if (s := row.method.setting(k)) is not None and k != s.name]
+    return f" ({', '.join(pairs)})" if pairs else ""
+
+
+def _typed_keys(label: str) -> list[str]:
+    _, _, rest = label.partition("[")
+    return [kv.partition("=")[0].strip() for kv in rest.rstrip("]").split(",") if "=" in kv]
+
+
+# ---------------------------------------------------------------------------- parsing
 def _split_top(text: str) -> list[str]:
     """Split on commas that are not inside brackets."""
     items: list[str] = []
@@ -287,67 +224,133 @@ def _split_top(text: str) -> list[str]:
     return [i for i in items if i]
 
 
-_FIELD_TYPES = {f.name: f.type for f in fields(MethodSpec) if f.name not in ("label", "kind")}
+def _convert(setting: Setting, key: str, value: str, item: str) -> Any:
+    """The bracket text ``value`` of ``setting`` (typed as ``key``) as a Python value; finite numbers only."""
+    if setting.type == "choice":
+        return value
+    if setting.type == "optional" and value.lower() in ("none", "off"):
+        return None
+    try:
+        number: float = int(value) if setting.type == "int" else float(value)
+    except ValueError:
+        kind = "an integer" if setting.type == "int" else "a number"
+        raise MethodError(f"method {item!r}: {key} must be {kind}, got {value!r}") from None
+    if not math.isfinite(number):
+        try:
+            check_real(number, setting.name)
+        except ValueError as e:
+            raise MethodError(f"method {item!r}: {e}") from None
+    if setting.type == "optional" and number == 0:
+        return None  # 0: the option off, as earlier versions wrote it
+    return number
 
 
-def parse_methods(text: str, defaults: dict[str, Any] | None = None) -> list[MethodSpec]:
-    """Parse ``--methods``; ``defaults`` are hyperparameters given by the global options.
+def _unknown(method: MethodKind, key: str, item: str) -> MethodError:
+    """The error for a setting ``method`` does not have: which kinds have it, and its own settings."""
+    owners = [k.name for k in REGISTRY.values() if k.setting(key) is not None]
+    own = ", ".join(s.describe() for s in method.settings)
+    if owners:
+        return MethodError(
+            f"method {item!r}: {key} applies to {', '.join(owners)} only; {method.name}'s settings: {own}"
+        )
+    return MethodError(f"method {item!r}: unknown setting {key!r}; {method.name}'s settings: {own}")
+
+
+def _overrides(method: MethodKind, rest: str, item: str) -> dict[str, Any]:
+    """The settings written in an item's brackets (``rest`` is what follows ``[``), by library name."""
+    if not rest.endswith("]"):
+        raise MethodError(f"method {item!r}: overrides must be written name[key=value,...]")
+    out: dict[str, Any] = {}
+    for kv in rest[:-1].split(","):
+        if not kv.strip():
+            continue
+        key, eq, value = (part.strip() for part in kv.partition("="))
+        setting = method.setting(key)
+        if not eq or setting is None:
+            raise _unknown(method, key, item) if eq else MethodError(f"method {item!r}: write {key}=value")
+        if setting.name in out:
+            raise MethodError(f"method {item!r}: {setting.name} is set twice ({key} is {setting.name})")
+        out[setting.name] = _convert(setting, key, value, item)
+    return out
+
+
+def make_row(
+    kind: str, label: str | None = None, defaults: Mapping[str, Any] | None = None, **settings: Any
+) -> MethodRow:
+    """A row of ``kind``: the registry's defaults, then the global ``defaults`` (by :attr:`Setting.key`),
+    then ``settings`` (by library name); not validated.
+
+    Example:
+        >>> make_row("baseline", "baseline[budget=0.5]", budget=0.5).budget
+        0.5
+    """
+    method = REGISTRY[kind]
+    values = method.defaults()
+    for s in method.settings:
+        if defaults and s.key in defaults and s.shared:
+            values[s.name] = defaults[s.key]
+    unknown = set(settings) - set(values)
+    if unknown:
+        raise MethodError(f"{kind} has no setting {', '.join(sorted(unknown))}")
+    given = defaults or {}
+    recorded = {key: given[key] if key in given else global_setting(key)[2] for key in method.recorded}
+    return MethodRow(label or kind, kind, {**values, **settings}, recorded)
+
+
+def parse_methods(
+    text: str, defaults: Mapping[str, Any] | None = None, num_epochs: int = 8
+) -> list[MethodRow]:
+    """Parse ``--methods`` into validated rows; ``defaults``: the global options' values, keyed as
+    :data:`GLOBAL_SETTINGS`; ``num_epochs``: the run's, for building the pruning policies.
 
     Example:
         >>> [m.label for m in parse_methods("baseline,infobatch+sb[sb_keep=0.7]")]
         ['baseline', 'infobatch+sb[sb_keep=0.7]']
+        >>> parse_methods("infobatch+sb[sb_keep=0.7]")[0].settings == parse_methods("infobatch+sb[keep=0.7]")[0].settings
+        True
     """
-    specs: list[MethodSpec] = []
     items = _split_top(text)
     if not items:
         raise MethodError(f"no methods given; choose from {', '.join(KINDS)}")
+    rows: list[MethodRow] = []
     for item in items:
-        name, _, rest = item.partition("[")
+        name, bracket, rest = item.partition("[")
         name = name.strip()
-        if name not in KINDS:
+        if name not in REGISTRY:
             raise MethodError(f"unknown method {name!r}; choose from {', '.join(KINDS)}")
-        spec = replace(MethodSpec(label=name, kind=name), **(defaults or {}))
-        if rest:
-            if not rest.endswith("]"):
-                raise MethodError(f"method {item!r}: overrides must be written name[key=value,...]")
-            overrides: dict[str, Any] = {}
-            for kv in rest[:-1].split(","):
-                if not kv.strip():
-                    continue
-                key, eq, value = kv.partition("=")
-                key = key.strip()
-                if not eq or key not in _FIELD_TYPES:
-                    raise MethodError(
-                        f"method {item!r}: unknown setting {kv.strip()!r}; settings: {', '.join(_FIELD_TYPES)}"
-                    )
-                overrides[key] = _convert(key, value.strip(), item)
-            spec = replace(spec, label=item.replace(" ", ""), **overrides)
-        spec.validate()
-        specs.append(spec)
-    labels = [s.label for s in specs]
+        overrides = _overrides(REGISTRY[name], rest, item) if bracket else {}
+        row = make_row(name, item.replace(" ", "") if bracket else name, defaults, **overrides)
+        row.validate(num_epochs)
+        rows.append(row)
+    labels = [r.label for r in rows]
     dup = sorted({x for x in labels if labels.count(x) > 1})
     if dup:
         raise MethodError(f"method(s) listed twice: {', '.join(dup)}")
-    return specs
+    return rows
 
 
-def budget_label(budget: float) -> str:
-    """The row label of the baseline trained for ``budget`` of its steps (the plain baseline at 1).
+def budget_label(budget: float, batch: float = 1.0) -> str:
+    """The row label of the baseline trained for ``budget`` of its steps or on batches of ``batch`` of
+    the batch size (the plain baseline at 1).
 
     Example:
-        >>> budget_label(0.5), budget_label(1.0)
-        ('baseline[budget=0.5]', 'baseline')
+        >>> budget_label(0.5), budget_label(1.0), budget_label(1.0, batch=0.7)
+        ('baseline[budget=0.5]', 'baseline', 'baseline[batch=0.7]')
     """
+    if batch != 1.0:
+        return f"baseline[batch={batch:g}]"
     return "baseline" if budget == 1.0 else f"baseline[budget={budget:g}]"
 
 
-def _convert(key: str, value: str, item: str) -> Any:
-    kind = _FIELD_TYPES[key]
-    try:
-        if kind in ("int", int):
-            return int(value)
-        if kind in ("float", float):
-            return float(value)
-    except ValueError as e:
-        raise MethodError(f"method {item!r}: {key} must be a number, got {value!r}") from e
-    return value
+def global_setting(key: str) -> tuple[str, list[str], Any]:
+    """What the global option of ``key`` (one of :data:`GLOBAL_SETTINGS`) sets: the library's name of
+    the setting, the kinds that have it under that key, and its default.
+
+    Example:
+        >>> global_setting("sb_keep"), global_setting("delta")[1]
+        (('keep', ['sb', 'infobatch+sb', 'infobatch+uniform'], 0.5), ['random', 'infobatch', 'infobatch+sb', 'seta', 'infobatch+uniform'])
+    """
+    found = [(k.name, s) for k in REGISTRY.values() for s in k.settings if s.key == key and s.shared]
+    if not found:
+        raise KeyError(f"no setting is written {key!r} in results.json")
+    return found[0][1].name, [kind for kind, _ in found], found[0][1].default

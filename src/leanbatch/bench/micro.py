@@ -27,7 +27,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from leanbatch.bench.data import IndexDataset
 from leanbatch.bench.files import atomic_write_text
 from leanbatch.checks import check_int
 
@@ -90,13 +89,13 @@ def _plan_one(n: int, repeats: int, policy: str, memory: bool) -> dict[str, Any]
     """Time ``repeats`` plans of ``n`` samples, or (``memory``) measure one plan's memory."""
     from leanbatch import InfoBatch
 
-    warm = InfoBatch(IndexDataset(4096), num_epochs=2, delta=1.0, seed=0, policy=policy)  # one-off set-up
+    warm = InfoBatch(range(4096), num_epochs=2, delta=1.0, seed=0, policy=policy)  # one-off set-up
     _fill_scores(warm, 4096)
     len(warm.sampler)
     del warm
     gc.collect()
     rss0 = resident_bytes()
-    ds = InfoBatch(IndexDataset(n), num_epochs=repeats + 2, prune_ratio=0.5, delta=1.0, seed=0, policy=policy)
+    ds = InfoBatch(range(n), num_epochs=repeats + 2, prune_ratio=0.5, delta=1.0, seed=0, policy=policy)
     _fill_scores(ds, n)
     ds.scores.values  # noqa: B018 -- flushes queued writes before the clock starts
     gc.collect()
@@ -228,7 +227,7 @@ def bench_update(num_samples: int, batch_size: int, steps: int, device: str = "c
     losses = [torch.rand(batch_size, generator=gen).to(dev) for _ in range(8)]
 
     def fresh() -> Any:
-        ds = InfoBatch(IndexDataset(num_samples), num_epochs=1000, prune_ratio=0.5, delta=1.0, seed=0)
+        ds = InfoBatch(range(num_samples), num_epochs=1000, prune_ratio=0.5, delta=1.0, seed=0)
         _fill_scores(ds, num_samples)
         return ds
 
@@ -263,20 +262,26 @@ def bench_update(num_samples: int, batch_size: int, steps: int, device: str = "c
     best: dict[str, float] = {}
     for r in range(8):
         batches, weights = prepare()
-        variants: dict[str, Callable[..., Any]] = {
-            "loss.mean() (plain loop)": lambda loss, idx: loss.mean(),
-            "least an update does: scatter, gather, weighted mean": lambda loss, idx, w=weights: (
-                scores.index_put_((idx,), loss.detach()),
-                (loss * w.index_select(0, idx)).mean(),
-            ),
-            "update(loss, indices)": lambda loss, idx: ds_explicit.update(loss, idx),
-            "update(loss) (indices from the sampler)": lambda loss, idx: ds_implicit.update(loss),
-        }
-        for label, fn in variants.items():
+        for label, fn in _update_variants(ds_explicit, ds_implicit, scores, weights).items():
             t = block(fn, batches)
             if r > 0:  # the first round warms up
                 best[label] = min(best.get(label, float("inf")), t)
     return [{"what": k, "us_per_step": v, "batch_size": batch_size} for k, v in best.items()]
+
+
+def _update_variants(
+    explicit: Any, implicit: Any, scores: Tensor, weights: Tensor
+) -> dict[str, Callable[..., Any]]:
+    """What :func:`bench_update` times per step, by label: ``fn(loss, indices)``."""
+    return {
+        "loss.mean() (plain loop)": lambda loss, idx: loss.mean(),
+        "least an update does: scatter, gather, weighted mean": lambda loss, idx: (
+            scores.index_put_((idx,), loss.detach()),
+            (loss * weights.index_select(0, idx)).mean(),
+        ),
+        "update(loss, indices)": lambda loss, idx: explicit.update(loss, idx),
+        "update(loss) (indices from the sampler)": lambda loss, idx: implicit.update(loss),
+    }
 
 
 def format_update(rows: list[dict[str, Any]]) -> str:

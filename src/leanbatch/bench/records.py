@@ -31,6 +31,7 @@ class EpochRecord:
     lr: float  # learning rate of the last step
     threshold: float | None = None  # InfoBatch's pruning threshold (mean score) when planned
     pruning: bool | None = None
+    dropped: int = 0  # served but not trained: a last batch of one sample, with BatchNorm in the model
 
 
 @dataclass
@@ -48,6 +49,11 @@ class RunResult:
     load_avg: list[float] = field(default_factory=list)  # 1-minute load average at start and end
     budget: float = 1.0  # fraction of the baseline's steps this run trained for
     full_epochs: int | None = None  # the comparison's epochs (the baseline's work); None: len(epochs)
+    batch: float = 1.0  # fraction of the batch size this run trained with (a batch-budget baseline)
+    # Work done before the first epoch and charged to the run (RHO-LOSS's holdout model): time_s and
+    # cpu_time_s (already inside the epochs' cumulative times), forwarded and backpropagated
+    # samples, and cost, one such sample pass's FLOPs as a share of the main model's.
+    setup: dict[str, float] | None = None
 
     @property
     def final_acc(self) -> float:
@@ -62,19 +68,31 @@ class RunResult:
         return self.epochs[-1].train_cpu_time
 
     def totals(self) -> dict[str, float]:
-        """Fractions of the baseline's work (epochs x training samples)."""
+        """Fractions of the baseline's work (epochs x training samples); a setup's samples count in the
+        forward and backward fractions, and in the work at its cost per sample.
+
+        Example:
+            >>> e = EpochRecord(0, 1.0, 1.0, 90.0, 0.3, 0.4, 1, 100, 100, 0, 100, 0.1)
+            >>> il = {"forwarded": 30.0, "backpropagated": 10.0, "cost": 0.1}
+            >>> round(RunResult("rho-loss", "rho-loss", 0, 100, [e], setup=il).totals()["work_fraction"], 3)
+            1.017
+        """
         full = float((self.full_epochs or len(self.epochs)) * self.num_train)
-        fwd = sum(e.forwarded for e in self.epochs)
+        fwd = float(sum(e.forwarded for e in self.epochs))
         sel = sum(e.select_forwarded for e in self.epochs)
-        bwd = sum(e.backpropagated for e in self.epochs)
+        bwd = float(sum(e.backpropagated for e in self.epochs))
         loaded = sum(e.loaded for e in self.epochs)
         # A backward pass costs about two forward passes; a selection pass at scale s costs s^2 of one.
-        work = (fwd + sel * self.sb_scale**2 + 2.0 * bwd) / (3.0 * full)
+        work = fwd + sel * self.sb_scale**2 + 2.0 * bwd
+        if self.setup is not None:
+            s_fwd, s_bwd = self.setup["forwarded"], self.setup["backpropagated"]
+            work += (s_fwd + 2.0 * s_bwd) * self.setup["cost"]
+            fwd, bwd = fwd + s_fwd, bwd + s_bwd
         return {
             "loaded_fraction": loaded / full,
             "forward_fraction": (fwd + sel) / full,
             "backward_fraction": bwd / full,
-            "work_fraction": work,
+            "work_fraction": work / (3.0 * full),
         }
 
     def as_dict(self) -> dict[str, Any]:
@@ -83,6 +101,8 @@ class RunResult:
             "kind": self.kind,
             "seed": self.seed,
             "budget": self.budget,
+            "batch": self.batch,
+            "setup": self.setup,
             "steps": sum(e.steps for e in self.epochs),
             "final_test_acc": self.final_acc,
             "train_time_s": self.train_time,

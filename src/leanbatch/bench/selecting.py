@@ -1,129 +1,129 @@
-"""Batch-level selection in the benchmark loop: Selective Backprop, online batch selection, proxy.
+"""Batch-level selection in the benchmark loop: the row's selector, and what the loop asks of it.
 
 :class:`Selection` is what :class:`~leanbatch.bench.train.Trainer` calls on every batch of a
-selecting method (``sb``, ``infobatch+sb``, ``obs``, ``sb-proxy``).
+selecting row (``sb``, ``infobatch+sb``, ``obs``, ``sb-proxy``). The selector itself is the
+library's, built by the registry (:mod:`leanbatch.bench.registry`) from the row's settings.
 
+>>> from leanbatch.bench.data import load_data
 >>> from leanbatch.bench.methods import parse_methods
->>> sel = Selection(parse_methods("sb")[0], seed=0)
->>> sel.forwards
-True
+>>> sel = Selection(parse_methods("sb")[0], 0, load_data("digits", 64, 16), TrainConfig())
+>>> sel.forwards, sel.memory
+(True, False)
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from leanbatch.bench.config import TrainConfig
 from leanbatch.bench.data import DataSplit
-from leanbatch.bench.methods import MethodSpec
+from leanbatch.bench.irreducible import train_irreducible
+from leanbatch.bench.methods import MethodRow
+from leanbatch.bench.registry import SelectorContext
+from leanbatch.selection import MemoryScores, ProxyScorer, ScorerScores, Selector, num_selected
 
-if TYPE_CHECKING:
-    from leanbatch.bench.train import TrainConfig
+__all__ = ["Picked", "Selection", "smallest_trained"]
 
-__all__ = ["Selection", "proxy_widths"]
+
+class Picked(NamedTuple):
+    """The rows of a batch a selection kept: their inputs and targets, their positions in the batch,
+    and the selection's loss of every row of the batch (``None`` when it scores none).
+
+    Example:
+        >>> import torch
+        >>> Picked(torch.zeros(2, 3), torch.zeros(2), torch.tensor([0, 3]), None).positions.tolist()
+        [0, 3]
+    """
+
+    x: Tensor
+    y: Tensor
+    positions: Tensor
+    losses: Tensor | None
 
 
 class Selection:
-    """Selective Backprop for the loop: decides per batch and picks the examples to train on.
+    """The row's selector, as the loop calls it: decides per batch and picks the rows to train on.
 
-    A thin adapter over :class:`leanbatch.selection.SelectiveBackprop`: ``sb`` and ``infobatch+sb``
-    use the rank rule with Composer's schedule; ``obs`` ranks by the last known loss of each index
-    (no selection forward: ``forwards`` is False, and :meth:`record` stores the trained losses);
-    ``sb-proxy`` keeps the hardest examples by a small proxy model trained on every batch it scores,
-    with the main run's optimiser settings and learning-rate schedule. ``__call__`` returns ``None``
-    on batches that train in full, else ``(x_kept, y_kept, positions, losses)``: the kept examples,
-    their positions in the batch and the selection's per-example loss of every example. Selection
-    leaves the model's BatchNorm statistics untouched.
+    ``forwards``: selection runs a scoring forward of its own (the model downsampled, or a proxy),
+    counted in the work; ``memory``: it ranks by the last trained losses, which :meth:`record`
+    stores; ``setup``: what a holdout model trained here cost (``rho-loss``:
+    :func:`~leanbatch.bench.irreducible.train_irreducible`), else None. A proxy model (``sb-proxy``) is built here with the main run's optimiser settings and
+    follows its learning rate. With BatchNorm in the model, a batch on which selection would train
+    a single row (of the model or of the proxy) trains in full instead: BatchNorm cannot
+    normalise one row. Selection leaves the model's BatchNorm statistics untouched.
+
+    Example:
+        >>> from leanbatch.bench.data import load_data
+        >>> from leanbatch.bench.methods import parse_methods
+        >>> data, cfg = load_data("digits", 64, 16), TrainConfig(widths=(4,))
+        >>> sel = Selection(parse_methods("obs")[0], 0, data, cfg)
+        >>> picked = sel(cfg.make_model(data), data.x_train[:8], data.y_train[:8], 0.5, 0, torch.arange(8), 0.1)
+        >>> sel.memory, sel.forwards, picked.positions.shape[0]
+        (True, False, 4)
     """
 
-    def __init__(
-        self, spec: MethodSpec, seed: int, data: DataSplit | None = None, cfg: TrainConfig | None = None
-    ):
-        from leanbatch.bench.train import _lr_factor, _make_model  # the loop's own model and schedule
-        from leanbatch.selection import ProxyScorer, SelectiveBackprop
+    def __init__(self, row: MethodRow, seed: int, data: DataSplit, cfg: TrainConfig, batchnorm: bool = True):
+        self.proxy_opt: torch.optim.Optimizer | None = None
+        self.setup: dict[str, float] | None = None  # what a holdout model cost (rho-loss)
 
-        self._lr_factor = _lr_factor
+        def proxy(width: float) -> tuple[nn.Module, torch.optim.Optimizer]:
+            model = cfg.make_model(data, cfg.scaled_widths(data, width))
+            self.proxy_opt = cfg.optimizer(model)
+            return model, self.proxy_opt
 
-        self.forwards, self.proxy_opt, self.cfg = spec.kind != "obs", None, cfg
-        if spec.kind in ("obs", "sb-proxy"):
-            assert data is not None and cfg is not None
-            scorer = None
-            if spec.kind == "sb-proxy":
-                proxy = _make_model(data, replace(cfg, widths=proxy_widths(data, cfg, spec.proxy_width)))
-                self.proxy_opt = torch.optim.SGD(
-                    proxy.parameters(),
-                    lr=cfg.lr,
-                    momentum=cfg.momentum,
-                    nesterov=cfg.nesterov,
-                    weight_decay=cfg.weight_decay,
-                )
-                scorer = ProxyScorer(
-                    proxy,
-                    self.proxy_opt,
-                    F.cross_entropy,
-                    train_every=spec.proxy_every,
-                    train_keep=spec.proxy_keep,
-                )
-            self.sb = SelectiveBackprop(
-                start=spec.sel_start,
-                end=spec.sel_end,
-                keep=spec.sel_keep,
-                interrupt=spec.sel_interrupt,
-                rule="loss_rank" if spec.kind == "obs" else "top",
-                num_samples=data.num_train if spec.kind == "obs" else None,
-                selection_pressure=spec.obs_pressure,
-                final_pressure=spec.obs_final_pressure or None,
-                scorer=scorer,
-                seed=seed,
-            )
-            return
-        self.sb = SelectiveBackprop(
-            start=spec.sb_start,
-            end=spec.sb_end,
-            keep=spec.sb_keep,
-            scale_factor=spec.sb_scale,
-            interrupt=spec.sb_interrupt,
-            seed=seed,
-        )
+        def irreducible(settings: Mapping[str, Any]) -> Tensor:
+            losses, self.setup = train_irreducible(data, cfg, seed, settings)
+            return losses
+
+        context = SelectorContext(seed, data.num_train, proxy, irreducible)
+        self.selector: Selector = row.make_selector(context)
+        source = self.selector.source
+        self.memory = isinstance(source, MemoryScores)
+        self.forwards = source is not None and not self.memory
+        self.batchnorm = batchnorm
 
     def record(self, indices: Tensor, losses: Tensor) -> None:
-        """``obs``: store the trained examples' losses, which later batches are ranked by."""
-        if not self.forwards:
-            self.sb.record_losses(indices, losses.detach())
+        """A memory of losses (``obs``): store the trained rows' losses, which later batches are ranked by."""
+        self.selector.record_losses(indices, losses.detach())
 
     def __call__(
-        self,
-        model: nn.Module,
-        x: Tensor,
-        y: Tensor,
-        progress: float,
-        step: int,
-        indices: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor] | None:
-        if not self.sb.is_active(progress, step):
+        self, model: nn.Module, x: Tensor, y: Tensor, progress: float, step: int, indices: Tensor, lr: float
+    ) -> Picked | None:
+        """The rows of batch ``(x, y)`` to train on at ``progress`` (``step``: the batch's index in its
+        epoch, ``indices``: its dataset indices, ``lr``: the main run's learning rate); ``None``: all."""
+        if not self.selector.is_active(progress, step):
             return None
-        if self.proxy_opt is not None and self.cfg is not None:  # the proxy follows the main schedule
+        if self.batchnorm and smallest_trained(self.selector, x.shape[0]) < 2:
+            return None
+        if self.proxy_opt is not None:  # the proxy follows the main schedule
             for g in self.proxy_opt.param_groups:
-                g["lr"] = self.cfg.lr * self._lr_factor(progress, self.cfg.warmup)
-        sel = self.sb.select(
+                g["lr"] = lr
+        sel = self.selector.select(
             (x, y), model, F.cross_entropy, progress=progress, batch_idx=step, indices=indices
         )
-        if sel.positions is None or sel.losses is None:
+        if sel.positions is None:
             return None
         x_sel, y_sel = sel.batch
-        return x_sel, y_sel, sel.positions, sel.losses
+        return Picked(x_sel, y_sel, sel.positions, sel.losses)
 
 
-def proxy_widths(data: DataSplit, cfg: TrainConfig, scale: float) -> tuple[int, ...]:
-    """The main model's stage widths (its defaults unless ``--widths``) times ``scale``, at least 4."""
-    import inspect
+def smallest_trained(selector: Selector, n: int) -> int:
+    """The fewest rows any training pass takes from a batch of ``n`` under ``selector``: the kept
+    rows, and a proxy scorer's own training share.
 
-    from leanbatch.bench.models import CompactResNet, SmallCNN
-
-    cls = SmallCNN if cfg.resolved_model(data) == "cnn" else CompactResNet
-    widths = cfg.widths or inspect.signature(cls).parameters["widths"].default
-    return tuple(max(4, round(w * scale)) for w in widths)
+    Example:
+        >>> from leanbatch.bench.methods import parse_methods
+        >>> smallest_trained(parse_methods("sb")[0].probe_selector(), 3), smallest_trained(parse_methods("sb")[0].probe_selector(), 8)
+        (1, 4)
+    """
+    keep = selector.keep
+    rows = n if keep is None else num_selected(n, keep)
+    scorer = selector.source.scorer if isinstance(selector.source, ScorerScores) else None
+    if isinstance(scorer, ProxyScorer) and scorer.train:
+        rows = min(rows, num_selected(n, scorer.train_keep))
+    return rows

@@ -323,7 +323,17 @@ class LeanBatchCallback(pl.Callback):
             "infobatch": None if ib is None else ib.state_dict(),
             "selective_backprop": None if sb is None else sb.state_dict(),
             "select_time_s": self.select_time_s,
+            "lightning_counted": self._counted(),
         }
+
+    def _counted(self) -> list[int] | None:
+        """``[epoch, samples]``: what Lightning counts as trained in the epoch being trained, on this rank
+        (its batches done x the loader's batch size); a resume on another number of ranks needs it."""
+        t, ib = self._trainer, self.infobatch
+        if t is None or ib is None or getattr(t.fit_loop, "_combined_loader", None) is None:
+            return None
+        size = getattr(loop.train_loader(t, self.sampler, self.dataset), "batch_size", None) or 0
+        return [ib.epoch, loop.batches_done(t) * size]
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` (Lightning calls it before the train loader is set up)."""
@@ -336,6 +346,9 @@ class LeanBatchCallback(pl.Callback):
                 )
         if ib is not None:
             ib.load_state_dict(state_dict["infobatch"])
+            counted = state_dict.get("lightning_counted")
+            if counted is not None and ib.position.trained:  # resumed inside an epoch
+                self.sampler.counted_before(*counted)
         if sb is not None:
             sb.load_state_dict(state_dict["selective_backprop"])
         self.select_time_s = float(state_dict.get("select_time_s", 0.0))

@@ -122,6 +122,7 @@ class EpochSampler(Sampler[int]):
             raise TypeError(f"sampler must be a leanbatch PrunedSampler, got {type(sampler).__name__}")
         self.sampler = sampler
         self.num_epochs = num_epochs
+        self._counted: tuple[int, int] | None = None  # (epoch, samples Lightning counted before a resume)
 
     def __iter__(self) -> Iterator[int]:
         if self._over():
@@ -129,7 +130,19 @@ class EpochSampler(Sampler[int]):
         return iter(self.sampler)
 
     def __len__(self) -> int:
-        return 0 if self._over() else self.sampler.record.epoch_length()
+        if self._over():
+            return 0
+        record = self.sampler.record
+        if self._counted is not None and self._counted[0] == record.epoch:
+            return self._counted[1] + record.local_length()  # resumed: Lightning's count, then what is left
+        self._counted = None
+        return record.epoch_length()
+
+    def counted_before(self, epoch: int, samples: int) -> None:
+        """Lightning counted ``samples`` of ``epoch`` on this rank before a resume (its batches done x
+        the batch size): the epoch's length is that plus what the sampler has left, on any number of
+        ranks (the same world gives the whole epoch again)."""
+        self._counted = (epoch, samples)
 
     def _over(self) -> bool:
         return self.num_epochs is not None and self.sampler.epoch >= self.num_epochs

@@ -11,6 +11,7 @@ Modules: :mod:`~leanbatch.selection.schedule`, :mod:`~leanbatch.selection.source
 :mod:`~leanbatch.selection.rules`, :mod:`~leanbatch.selection.history`,
 :mod:`~leanbatch.selection.selector`, :mod:`~leanbatch.selection.selective_backprop`,
 :mod:`~leanbatch.selection.online`, :mod:`~leanbatch.selection.rho` (RHO-LOSS),
+:mod:`~leanbatch.selection.scope` (local or global selection across data-parallel ranks),
 :mod:`~leanbatch.selection.functional` (Composer's
 ``select_using_loss``), :mod:`~leanbatch.selection.proxy`, :mod:`~leanbatch.selection.losses`,
 :mod:`~leanbatch.selection.batches` and :mod:`~leanbatch.selection.layout` (batch structures),

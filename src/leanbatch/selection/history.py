@@ -154,9 +154,12 @@ class HistoryRule(Rule):
         self.history = LossHistory(size, beta)
 
     def positions(self, scores: Tensor | None, draw: Draw) -> Tensor:
+        # reads the count: the one sync of selection, this rule's own
+        return self.mask(scores, draw).nonzero().squeeze(1)
+
+    def mask(self, scores: Tensor | None, draw: Draw) -> Tensor:
         assert scores is not None
-        mask = self.history.sample(scores, draw.generator, at_least_one=draw.at_least_one)
-        return mask.nonzero().squeeze(1)  # reads the count: the one sync of selection, this rule's own
+        return self.history.sample(scores, draw.generator, at_least_one=draw.at_least_one)
 
     def state_dict(self) -> dict[str, Any]:
         """``{"history": the ring buffer's state}``."""

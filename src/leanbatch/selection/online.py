@@ -9,6 +9,9 @@ never trained count as the hardest; ties are broken at random.
 
 from __future__ import annotations
 
+from typing import Any
+
+from leanbatch.ranking import check_pressure
 from leanbatch.scores import ScoreTable
 from leanbatch.selection.rules import LossRankRule
 from leanbatch.selection.schedule import Window
@@ -33,6 +36,8 @@ class OnlineBatchSelection(Selector):
         start, end, interrupt: the schedule, as in :class:`~leanbatch.selection.SelectiveBackprop`
             (default: every batch of the run).
         seed, rank: the private generators, as in :class:`~leanbatch.selection.SelectiveBackprop`.
+        scope, group: ``"global"`` ranks the whole step's rows of the ranks of ``group`` (default:
+            the world) together; train on :meth:`step_loss` (:mod:`~leanbatch.selection.scope`).
 
     ``select(batch, progress=, batch_idx=, indices=)`` needs no model; ``indices`` are the rows'
     dataset indices (on the CPU, as a DataLoader yields them). After the training step,
@@ -65,14 +70,18 @@ class OnlineBatchSelection(Selector):
         interrupt: int = 0,
         seed: int | None = None,
         rank: int | None = None,
+        scope: str = "local",
+        group: Any = None,
     ):
         super().__init__(
             Window(start, end, interrupt),
             MemoryScores(num_samples, score_table, method="OnlineBatchSelection"),
-            LossRankRule(keep, pressure, final_pressure),
+            LossRankRule(keep, check_pressure(pressure, "pressure"), final_pressure),
             keys=None,
             seed=seed,
             rank=rank,
+            group=group,
+            scope=scope,
         )
 
     def __repr__(self) -> str:
@@ -80,5 +89,5 @@ class OnlineBatchSelection(Selector):
         assert isinstance(rule, LossRankRule)
         return (
             f"OnlineBatchSelection(keep={rule.keep}, pressure={rule.pressure}, final_pressure={rule.final_pressure}, "
-            f"start={self.start}, end={self.end}, interrupt={self.interrupt})"
+            f"start={self.start}, end={self.end}, interrupt={self.interrupt}{self.selection_scope.suffix})"
         )

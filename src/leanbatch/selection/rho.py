@@ -91,6 +91,9 @@ class RhoLoss(Selector):
         loss_fn, scale_factor, forward_fn, chunk_size, autocast, eval_mode: the selection
             forward, as in :class:`~leanbatch.selection.SelectiveBackprop` (no downsampling by default).
         seed, rank: the private generators (the rule itself is deterministic).
+        scope, group: ``"global"`` keeps the hardest ``keep`` share of the whole step's rows of
+            the ranks of ``group`` (default: the world); train on :meth:`step_loss`
+            (:mod:`~leanbatch.selection.scope`).
 
     ``select(batch, model, progress=, batch_idx=, indices=)``; its uniform twin is
     ``SelectiveBackprop(keep=keep, rule="uniform", ...)`` with the same schedule.
@@ -117,6 +120,8 @@ class RhoLoss(Selector):
         eval_mode: bool = False,
         seed: int | None = None,
         rank: int | None = None,
+        scope: str = "local",
+        group: Any = None,
     ):
         forward = ForwardScores(
             scale_factor,
@@ -132,4 +137,6 @@ class RhoLoss(Selector):
             TopRule(keep),
             seed=seed,
             rank=rank,
+            group=group,
+            scope=scope,
         )

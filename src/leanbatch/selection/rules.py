@@ -230,6 +230,18 @@ class Rule:
         """Positions (int64, ascending) of the rows to keep, on the scores' device (or ``draw.device``)."""
         raise NotImplementedError
 
+    def mask(self, scores: Tensor | None, draw: Draw) -> Tensor:
+        """The same choice as a bool mask over the ``draw.n`` rows (global selection splits it
+        among the ranks); the same draws as :meth:`positions`, no host read of its own.
+
+        Example:
+            >>> import torch
+            >>> TopRule(0.5).mask(torch.tensor([3.0, 1.0, 2.0, 0.0]), Draw(4, torch.device("cpu"))).tolist()
+            [True, False, True, False]
+        """
+        pos = self.positions(scores, draw)
+        return torch.zeros(draw.n, dtype=torch.bool, device=pos.device).index_fill_(0, pos, True)
+
     def state_dict(self) -> dict[str, Any]:
         """What to checkpoint, by name (nothing for a stateless rule)."""
         return {}

@@ -55,7 +55,12 @@ class SelectiveBackprop(Selector):
       bare tensor batch is both input and target;
     - draws: ``seed`` (default ``leanbatch.rng.DEFAULT_SEED``; draw ``t`` on rank ``r`` is seeded
       with ``mix_seed(seed, r, t)``) and ``rank`` (default: the process group's, read at the
-      first draw); ``timing``: measure selection time (syncs a CUDA device).
+      first draw); ``timing``: measure selection time (syncs a CUDA device);
+    - scope: ``"local"`` (default) keeps ``keep`` of each rank's batch; ``"global"`` ranks the
+      whole step's rows of the ranks of ``group`` (default: the world) together, each rank
+      training its rows of that one choice (varying counts; a rank left without any trains its
+      hardest row with weight 0): train on :meth:`step_loss`
+      (:mod:`~leanbatch.selection.scope`). Without a process group it is ``"local"``.
 
     Arguments the chosen parts do not use are neither used nor validated; ``keep``,
     ``scale_factor``, ``staleness``, ``scorer`` read the parts (``keep`` is ``None`` for
@@ -106,6 +111,8 @@ class SelectiveBackprop(Selector):
         selection_pressure: float = 100.0,
         final_pressure: float | None = None,
         scorer: Callable[[Any, Any], Tensor] | None = None,
+        scope: str = "local",
+        group: Any = None,
     ):
         check_choice(rule, "rule", _RULES)
         check_int(staleness, "staleness", 1)
@@ -130,14 +137,16 @@ class SelectiveBackprop(Selector):
             keys=check_keys(input_key, target_key),
             seed=seed,
             rank=rank,
+            group=group,
             timing=timing,
+            scope=scope,
         )
 
     def __repr__(self) -> str:
         return (
             f"SelectiveBackprop(start={self.start}, end={self.end}, keep={self.keep}, "
             f"scale_factor={self.scale_factor}, interrupt={self.interrupt}, rule={self.rule!r}, "
-            f"staleness={self.staleness})"
+            f"staleness={self.staleness}{self.selection_scope.suffix})"
         )
 
     @property

@@ -4,7 +4,9 @@
 counters (:class:`~leanbatch.selection.SelectionStats`), per-draw seeding, timing, the loader
 wrapper and the state. The ``t``-th active batch draws from a private generator reseeded from
 ``mix_seed(seed, rank, t)`` (:class:`leanbatch.rng.Generators`), so ranks draw independently and
-the random state to resume is one integer, the same on every rank.
+the random state to resume is one integer, the same on every rank. With ``scope="global"`` the
+ranks of a process group choose together over the whole step's batch
+(:mod:`~leanbatch.selection.scope`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from leanbatch.selection.batches import BatchAccumulator, index_batch
 from leanbatch.selection.layout import Key, Keys, Selection, read_rows
 from leanbatch.selection.rules import Draw, Rule, num_selected
 from leanbatch.selection.schedule import Window
+from leanbatch.selection.scope import Scope
 from leanbatch.selection.sources import Source
 from leanbatch.selection.stats import SelectionStats
 
@@ -40,6 +43,8 @@ class Selector:
     target_key)`` of the batch layout, or ``None`` when no model input is needed (every
     per-example tensor is a row). ``seed``, ``rank``, ``group``: the private
     :class:`~leanbatch.rng.Generators`. ``timing``: measure selection time (syncs a CUDA device).
+    ``scope``: ``"local"`` selects within each rank's batch, ``"global"`` over the whole step's
+    rows of ``group`` (default: the world; :mod:`~leanbatch.selection.scope`, :meth:`step_loss`).
 
     Example:
         >>> import torch
@@ -61,12 +66,14 @@ class Selector:
         rank: int | None = None,
         group: Any = None,
         timing: bool = False,
+        scope: str = "local",
     ):
         if rule.needs_scores != (source is not None):
             need = "needs a source of scores" if rule.needs_scores else "reads no scores: pass source=None"
             raise ValueError(f"rule {rule.name!r} {need}")
         self.schedule, self.source, self.selection_rule, self.keys = schedule, source, rule, keys
         self.generators = Generators(seed, rank, group)
+        self.selection_scope = Scope(scope, group)
         self.timing = check_bool(timing, "timing")
         self.stats = SelectionStats()
         self._draws = 0  # active batches so far: the draw number, the same on every rank
@@ -75,6 +82,11 @@ class Selector:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.schedule}, {type(self.source).__name__}, rule={self.selection_rule.name!r})"
+
+    @property
+    def scope(self) -> str:
+        """``"local"`` or ``"global"``: where one choice is made (:mod:`~leanbatch.selection.scope`)."""
+        return self.selection_scope.name
 
     @property
     def seed(self) -> int:
@@ -198,32 +210,49 @@ class Selector:
             self.source.check_batch(rows, loss_fn)  # on every batch, not only once the window opens
         if not self._checked:
             self.check(batch, model, loss_fn)
-        n, st, rule = rows.n, self.stats, self.selection_rule
+        n, st, rule, w = rows.n, self.stats, self.selection_rule, self.selection_scope.world
         st.batches += 1
         st.examples += n
+        self.selection_scope.returned(n)
         if not self.is_active(progress, batch_idx):
             st.backpropagated += n
             return Selection(batch, None, None)
         draw = self._draws  # counted on every active batch: it follows the schedule, equal on all ranks
         self._draws += 1
-        if rule.keep is not None and num_selected(n, rule.keep) == n:
+        if rule.keep is not None and num_selected(w * n, rule.keep) == w * n:
             st.backpropagated += n
             return Selection(batch, None, None)
         self._device = rows.device
         t0 = self._tic()
         scores = None if self.source is None else self.source.scores(rows, model, loss_fn, st)
         device = rows.device if scores is None else scores.device
-        gen = self.generators.get(device, draw) if rule.random else None
-        positions = rule.positions(scores, Draw(n, device, gen, progress, at_least_one))
-        k = int(positions.shape[0])  # host metadata (the history rule's nonzero read the count)
+        positions, chosen = self.selection_scope.choose(
+            rule, scores, Draw(n, device, None, progress, at_least_one), self.generators, draw
+        )
+        k = int(positions.shape[0])  # host metadata (a varying count was read)
         selected = index_batch(batch, positions, n)
         st.selected_batches += 1
         st.backpropagated += k
+        st.filled += k - chosen
         st.skipped += n - k
         if self.timing:
             self._sync()
             st.selection_time_s += time.perf_counter() - t0
         return Selection(selected, positions, scores)
+
+    def step_loss(self, losses: Tensor) -> Tensor:
+        """The loss to backpropagate from the per-row losses of the batch last returned: their
+        mean; under global selection ``losses.sum() * W / K`` (:meth:`Scope.step_loss`).
+
+        Example:
+            >>> import torch
+            >>> from leanbatch.selection.rules import UniformRule
+            >>> sel = Selector(Window(0.0, 1.0, interrupt=0), None, UniformRule(0.5), scope="global")
+            >>> (x, _), _, _ = sel.select((torch.randn(8, 3), torch.arange(8)), progress=0.5, batch_idx=0)
+            >>> float(sel.step_loss(torch.tensor([1.0, 2.0, 3.0, 6.0])))  # one process: the mean
+            3.0
+        """
+        return self.selection_scope.step_loss(losses)
 
     def record_losses(self, indices: Tensor, losses: Tensor, epoch: int = 0) -> None:
         """Store the trained losses of ``indices`` in the memory the ranking reads (not needed
@@ -251,6 +280,8 @@ class Selector:
         Batches where selection does not run pass through; selected rows are collected into
         batches of ``batch_size`` (default: the loaded size), as in the paper's code, the rest
         yielded at the end unless ``drop_last``; the history rule may keep nobody of a batch.
+        Under global selection (ranks keep varying counts: accumulating would desynchronise DDP)
+        each selected batch is yielded as is, no ``batch_size``; one the group keeps none of by none.
         Progress is ``(epoch + i / len(loader)) / num_epochs``; ``indices_key``: where each batch
         holds its dataset indices.
 
@@ -268,6 +299,9 @@ class Selector:
             per_epoch: int | None = len(loader)  # type: ignore[arg-type]
         except TypeError:
             per_epoch = None
+        whole = self.selection_scope.world > 1  # global selection: no accumulation
+        if whole and batch_size is not None:
+            raise ValueError("scope='global' yields each selected batch as selected: drop batch_size")
         acc = None if batch_size is None else BatchAccumulator(batch_size)
         for i, batch in enumerate(loader):
             progress = training_progress(
@@ -275,8 +309,9 @@ class Selector:
             )
             idx = None if indices_key is None else batch[indices_key]
             sel = self._select(batch, model, loss_fn, progress, i, idx, epoch, False)  # may keep nobody
-            if sel.positions is None:
+            if sel.positions is None or (whole and sel.positions.shape[0] > 0):
                 yield sel.batch
+            if sel.positions is None or whole:
                 continue
             if acc is None:
                 acc = BatchAccumulator(read_rows(batch, self.keys).n)

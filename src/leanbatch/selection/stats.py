@@ -25,6 +25,9 @@ class SelectionStats:
         backpropagated: examples handed to the training step (selected ones plus
             every example of a batch where selection did not run).
         skipped: examples dropped by selection (no backward pass).
+        filled: of ``backpropagated``, rows a rank trained only because a global choice
+            (``scope="global"``) left it none: its hardest row, weight 0 in ``step_loss``, so
+            DDP's backward runs on every rank.
         selection_time_s: seconds spent in selection (``timing=True`` only).
         step_time_s: seconds spent inside ``step_timer()`` blocks.
 
@@ -42,6 +45,7 @@ class SelectionStats:
     reused: int = 0
     backpropagated: int = 0
     skipped: int = 0
+    filled: int = 0
     selection_time_s: float = 0.0
     step_time_s: float = 0.0
 

@@ -1,0 +1,62 @@
+"""The README's code runs as written (a map that lies is worse than none), and it stays a map."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+
+
+def blocks() -> list[str]:
+    return re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+
+
+def namespace() -> dict:
+    torch.manual_seed(0)
+    x, y = torch.randn(96, 1, 8, 8), torch.randint(0, 3, (96,))
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(1, 4, 3), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(4, 3)
+    )
+    train_set = TensorDataset(x, y)
+    return {
+        "torch": torch,
+        "F": F,
+        "DataLoader": DataLoader,
+        "train_set": train_set,
+        "num_epochs": 3,
+        "model": model,
+        "opt": torch.optim.SGD(model.parameters(), lr=0.1),
+        "x": x[:16],
+        "y": y[:16],
+        "epoch": 1,
+        "i": 0,
+        "progress": 0.5,
+        "loader": DataLoader(TensorDataset(x, y, torch.arange(96)), batch_size=16),
+        "irreducible": torch.zeros(96),
+        "idx": torch.arange(16),
+    }
+
+
+def test_every_python_block_of_the_readme_runs():
+    found = blocks()
+    assert len(found) >= 4
+    for code in found:
+        ns = namespace()
+        exec(compile(code, "README.md", "exec"), ns)  # noqa: S102 - our own README
+    ns = namespace()
+    exec(compile(found[0], "README.md", "exec"), ns)  # the InfoBatch loop: it trained and pruned
+    ds = ns["ds"]
+    assert ds.progress == 1.0 and any(s["pruning"] and s["kept"] < 96 for s in ds.epoch_stats)
+
+
+def test_the_readme_is_a_map_with_its_two_commands():
+    text = README.read_text()
+    assert len(text.splitlines()) < 300
+    assert text.count("<!-- main-command -->") == 1 and text.count("<!-- test-command -->") == 1
+    for target in re.findall(r"\]\(((?:docs|benchmarks|examples)/[^)#]*)\)", text):
+        assert (README.parent / target).exists(), target
