@@ -67,8 +67,19 @@ def run_micro(args: argparse.Namespace) -> int:
     json_path = check_micro_options(args)
     if args.micro == "plan":
         sizes = int_list(args.sizes, "--sizes", positive=True, parse=lambda v: int(float(v)))  # 1e8 too
-        rows = micro.bench_plan(sizes, repeats=args.repeats, policy=args.policy)
-        print(micro.format_plan(rows))
+        if args.world is not None and not args.shard:
+            raise CLIError("--world simulates the ranks of a sharded plan: add --shard")
+        if args.shard:
+            from leanbatch.bench import micro_sharded
+
+            world = 8 if args.world is None else args.world
+            if world < 1 or min(sizes) < world:
+                raise CLIError(f"--world must be >= 1 and at most the smallest size, got {world}")
+            rows = micro_sharded.bench_plan_sharded(sizes, world, args.repeats, args.policy)
+            print(micro_sharded.format_plan_sharded(rows))
+        else:
+            rows = micro.bench_plan(sizes, repeats=args.repeats, policy=args.policy)
+            print(micro.format_plan(rows))
     elif args.micro == "update":
         device = resolve_device(args.device)
         rows = micro.bench_update(args.num_samples, args.batch_size, args.steps, device)

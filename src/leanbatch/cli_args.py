@@ -249,6 +249,14 @@ def build_parser() -> argparse.ArgumentParser:
     mp.add_argument("--sizes", default="1280000,10000000,100000000", help="comma-separated dataset sizes")
     mp.add_argument("--repeats", type=_int, default=5, help="plans timed per size (best is reported)")
     mp.add_argument("--policy", choices=("infobatch", "random"), default="infobatch")
+    mp.add_argument(
+        "--world", type=_int, default=None, help="ranks simulated in one process (with --shard; 8)"
+    )
+    mp.add_argument(
+        "--shard",
+        action="store_true",
+        help="sharded scores and plans (shard_scores=True), per simulated rank",
+    )
     mu = msub.add_parser(
         "update",
         help="microseconds per InfoBatch.update() call",

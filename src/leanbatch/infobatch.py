@@ -11,10 +11,11 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch.utils.data import Dataset, IterableDataset
+from torch.utils.data import Dataset
 
 from leanbatch.checks import check_index_tensor, check_per_sample_loss, require
-from leanbatch.policies import InfoBatchPolicy, Policy, RandomPolicy
+from leanbatch.inputs import _check_positions, _dataset_length, _make_policy, _on, _unscored, table_slice
+from leanbatch.policies import Plan, Policy
 from leanbatch.record import Position, TrainingRecord
 from leanbatch.sampler import PrunedSampler
 from leanbatch.scores import ScoreTable
@@ -48,6 +49,11 @@ class InfoBatch(Dataset):
             ``DistributedSampler`` does. ``False``: every rank serves the whole plan
             (identical on every rank) and the framework shards the batches, as
             accelerate does; scores are still merged across the group.
+        shard_scores: ``True``: each rank holds the scores and plan of its own slice of the
+            index space (the indices ``i % world == rank``), O(N / world) memory instead of
+            O(N), and serves the kept samples it owns; the plans are the unsharded ones. The
+            world and rank must be known when the wrapper is built. Per-rank state dicts:
+            :mod:`leanbatch.sharded` gathers and re-shards them.
 
     Example:
         >>> import torch, torch.nn.functional as F
@@ -83,6 +89,7 @@ class InfoBatch(Dataset):
         drop_last: bool = False,
         process_group: Any = None,
         shard: bool = True,
+        shard_scores: bool = False,
     ):
         n = _dataset_length(dataset)
         policy_obj = _make_policy(policy, prune_ratio, num_epochs, delta)
@@ -92,6 +99,10 @@ class InfoBatch(Dataset):
         options = dict(getattr(policy_obj, "score_table_options", dict)())
         if ema is not None:
             options["ema"] = ema  # the policy's bind() refuses a table it cannot rank by
+        if shard_scores:
+            world, r = table_slice(n, num_replicas, rank, process_group)
+            options.update(world=world, rank=r)
+            num_replicas, rank = world, r
         self.scores = ScoreTable(n, device=device, **options)
         self.sampler = PrunedSampler(
             self.scores,
@@ -103,6 +114,7 @@ class InfoBatch(Dataset):
             process_group=process_group,
             shard=shard,
             num_epochs=num_epochs,
+            shard_scores=shard_scores,
         )
         self.sampler.record.fetches.track()
 
@@ -206,7 +218,7 @@ class InfoBatch(Dataset):
         w = step.plan.weights_on(loss.device)
         if w is None:
             return loss.mean()
-        return (loss * w.index_select(0, _on(step.indices, w))).mean()
+        return (loss * w.index_select(0, step.plan.local_rows(_on(step.indices, w)))).mean()
 
     def _update_indexed(self, loss: Tensor, indices: Any, positions: Tensor | None) -> Tensor:
         """``update(loss, indices[, positions=])``: the batch names its dataset indices."""
@@ -227,7 +239,7 @@ class InfoBatch(Dataset):
             # knowing (torch.from_numpy of a reused array), which no version check would see.
             indices = indices.clone() if indices.dtype == torch.int64 else indices.long()
         rows = indices if positions is None else _on(indices, positions).index_select(0, positions)
-        w_batch = self._gather_checked(step.plan.weights_on(loss.device), rows)  # before anything changes
+        w_batch = self._gather_checked(step.plan, loss.device, rows)  # before anything changes
         spare = self.scores.num_samples
         idx, scored = _unscored(rows, positions, step.scored, n, spare), loss
         if positions is not None and record.distributed:  # every rank gathers n rows, however many it kept
@@ -243,20 +255,38 @@ class InfoBatch(Dataset):
         """Store a step's scores; in a distributed run every rank stores every rank's rows (gathered)."""
         self.scores.store(indices, losses, check=False, across=True, group=self.sampler.process_group)
 
-    def _gather_checked(self, w: Tensor | None, rows: Tensor) -> Tensor | None:
+    def _gather_checked(self, plan: Plan, device: torch.device, rows: Tensor) -> Tensor | None:
         """The weights of ``rows`` (``None``: all 1), with the rows checked to be dataset indices.
 
         On CPU gathering the weights checks the range for free (the message then comes from
-        ``check_indices``); elsewhere, an explicit check (asynchronous on CUDA).
+        ``check_indices``); elsewhere, an explicit check (asynchronous on CUDA). Sharded: the rows
+        must be this rank's (asynchronous on CUDA too).
         """
+        w = plan.weights_on(device)
+        if self.scores.slice.world > 1:
+            self._check_owned(rows)
         if w is not None and w.device.type == "cpu" and rows.device.type == "cpu":
             try:
-                return w.index_select(0, rows)
+                return w.index_select(0, plan.local_rows(rows))
             except (IndexError, RuntimeError):
                 self.scores.check_indices(rows)
                 raise
         self.scores.check_indices(rows)
-        return None if w is None else w.index_select(0, _on(rows, w))
+        return None if w is None else w.index_select(0, plan.local_rows(_on(rows, w)))
+
+    def _check_owned(self, rows: Tensor) -> None:
+        """Sharded: every row is an index this rank owns (its weight lives here)."""
+        sl = self.scores.slice
+        msg = (
+            f"with shard_scores=True rank {sl.rank} of {sl.world} trains the indices i % {sl.world} == "
+            f"{sl.rank} (those its sampler serves): these indices are another rank's"
+        )
+        if rows.device.type == "cpu":
+            if rows.numel() and not bool(sl.owns(rows).all()):
+                self.scores.check_indices(rows)
+                raise IndexError(msg)
+        else:
+            torch._assert_async(sl.owns(rows).all(), msg)
 
     def next_indices(self, n: int) -> Tensor:
         """The dataset indices (int64, CPU) of the next ``n`` samples to train, in serving order.
@@ -270,10 +300,13 @@ class InfoBatch(Dataset):
     def weights(self, indices: Tensor) -> Tensor:
         """The loss weights (float32) of dataset ``indices`` in the batch trained next, on their device."""
         self.scores.check_indices(indices)
-        w = self.sampler.record.plan().weights_on(indices.device)
+        plan = self.sampler.record.plan()
+        w = plan.weights_on(indices.device)
         if w is None:
             return torch.ones(indices.shape, dtype=torch.float32, device=indices.device)
-        return w[indices]
+        if self.scores.slice.world > 1:
+            self._check_owned(indices)
+        return w[plan.local_rows(indices)]
 
     @property
     def epoch(self) -> int:
@@ -328,74 +361,24 @@ class InfoBatch(Dataset):
         version = checked.get("version", 1)
         if version not in (1, 2):
             raise ValueError(f"InfoBatch state_dict has version {version!r}; this leanbatch reads 1 and 2")
+        sharding = self.sampler.record.sharding
+        if sharding.scores_sharded and _unsharded(checked):  # cut this rank's part out
+            from leanbatch.sharded import shard_state
+
+            require(checked["scores"], ("num_samples",), "state_dict['scores']")
+            if checked["scores"]["num_samples"] != self.scores.num_samples:
+                raise ValueError(
+                    f"state_dict is for a dataset of {checked['scores']['num_samples']} samples, this wrapper "
+                    f"holds {self.scores.num_samples}: load a checkpoint made with the same dataset"
+                )
+            world, rank = sharding.resolve()
+            checked = shard_state(dict(checked), world, rank, sharding.drop_last)
         record_state(checked["sampler"], self.scores.num_samples, self.sampler.record.sharding)  # check first
         self.scores.load_state_dict(checked["scores"])
         self.sampler.load_state_dict(checked["sampler"])
 
 
-def _check_positions(positions: Any, k: int, n: int) -> Tensor:
-    """``positions``: one row of the batch per loss (checked on CPU; on a device at the gather)."""
-    positions = check_index_tensor(positions, "positions")
-    if positions.shape[0] != k:
-        raise ValueError(
-            f"loss has {k} entries but positions has {positions.shape[0]}: one position per loss"
-        )
-    if positions.device.type == "cpu" and k and not 0 <= int(positions.min()) <= int(positions.max()) < n:
-        raise IndexError(f"positions must be rows of the batch, in [0, {n})")
-    return positions
-
-
-def _unscored(rows: Tensor, positions: Tensor | None, scored: int, n: int, spare: int) -> Tensor:
-    """``rows`` with those past the first ``scored`` rows of the batch sent to the spare slot (padding)."""
-    if scored >= n:
-        return rows
-    if positions is None:
-        rows = rows.clone()
-        rows[scored:] = spare
-        return rows
-    return torch.where(positions < scored, rows, spare)
-
-
-def _dataset_length(dataset: Any) -> int:
-    """The length of a map-style dataset, or a clear error."""
-    if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__getitem__"):
-        raise TypeError(
-            "dataset must be a map-style dataset with __len__ and __getitem__; InfoBatch prunes by "
-            "index, so an IterableDataset cannot be wrapped"
-        )
-    try:
-        n = len(dataset)
-    except TypeError as e:
-        raise TypeError("dataset must define __len__ (a map-style dataset)") from e
-    if n < 1:
-        raise ValueError("dataset is empty: InfoBatch needs at least one sample")
-    return n
-
-
-def _make_policy(policy: str | Policy, prune_ratio: float, num_epochs: int, delta: float) -> Policy:
-    """The policy object for ``policy=``; a policy object must agree on ``num_epochs`` (one owner)."""
-    kinds: dict[str, type[InfoBatchPolicy] | type[RandomPolicy]] = {
-        "infobatch": InfoBatchPolicy,
-        "random": RandomPolicy,
-    }
-    if isinstance(policy, str):
-        if policy not in kinds:
-            raise ValueError(f"policy must be one of {sorted(kinds)} or a Policy object, got {policy!r}")
-        return kinds[policy](prune_ratio, num_epochs, delta)
-    InfoBatchPolicy(prune_ratio, num_epochs, delta)  # validates the arguments all the same
-    if not callable(policy):
-        raise TypeError(
-            f"policy must be 'infobatch', 'random' or a Policy object, got {type(policy).__name__}"
-        )
-    theirs = getattr(policy, "num_epochs", num_epochs)
-    if theirs != num_epochs:
-        raise ValueError(
-            f"InfoBatch(num_epochs={num_epochs}) but the policy has num_epochs={theirs}: the policy would "
-            "anneal at another epoch than the one progress counts to; build both with the same num_epochs"
-        )
-    return policy
-
-
-def _on(idx: Tensor, like: Tensor) -> Tensor:
-    """``idx`` on ``like``'s device (asynchronously)."""
-    return idx if idx.device == like.device else idx.to(like.device, non_blocking=True)
+def _unsharded(state: Any) -> bool:
+    """Whether an InfoBatch state was saved unsharded (or gathered)."""
+    plan = state["sampler"].get("plan") if isinstance(state["sampler"], dict) else None
+    return "world" not in state["scores"] and not (isinstance(plan, dict) and plan.get("shard") is not None)

@@ -11,13 +11,48 @@ from __future__ import annotations
 import os
 from collections import deque
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from leanbatch.policies import Plan
 
-__all__ = ["Fetches", "Iteration"]
+__all__ = ["Fetches", "Iteration", "Position", "Step"]
+
+
+class Position(NamedTuple):
+    """Where training stands: ``trained`` of the ``length`` samples of epoch ``epoch`` (global order).
+
+    ``length`` is 0 while the epoch is not planned yet. A fully trained epoch ``e`` reads
+    ``Position(e + 1, 0, ...)``.
+
+    Example:
+        >>> Position(2, 30, 120).fraction
+        0.25
+    """
+
+    epoch: int
+    trained: int
+    length: int
+
+    @property
+    def fraction(self) -> float:
+        """The share of the epoch trained (0 while it is not planned)."""
+        return self.trained / self.length if self.length else 0.0
+
+
+class Step(NamedTuple):
+    """What an update trains: the plan that served it, its dataset indices (if asked), the rows that score.
+
+    ``scored`` counts the leading rows that are not padding: padding repeats samples at the
+    end of an epoch so every rank trains as many; a padded row trains but never scores, so
+    each sample is scored at most once per epoch and merging the ranks' scores is order-free.
+    """
+
+    plan: Plan
+    indices: Tensor | None
+    scored: int
 
 
 @dataclass
@@ -63,13 +98,18 @@ class Iteration:
         return self.served - self.trained
 
     @property
+    def order_position(self) -> int:
+        """The position reached in the epoch's order: ``origin + trained * world``, at most its length."""
+        return min(self.plan.order_length, self.origin + self.trained * self.world)
+
+    @property
     def global_trained(self) -> int:
-        """The epoch's global position reached: ``origin + trained * world``, at most the kept count."""
-        return min(self.plan.num_kept, self.origin + self.trained * self.world)
+        """Kept samples of the epoch trained on every rank (see :meth:`Plan.kept_before`)."""
+        return self.plan.kept_before(self.order_position)
 
     def scored(self, n: int) -> int:
         """How many of the next ``n`` local samples are not padding (padding repeats samples at the end)."""
-        inside = -(-(self.plan.num_kept - self.origin - self.rank) // self.world)  # positions < kept
+        inside = self.plan.inside(self.origin, self.rank, self.world)  # positions holding a kept sample
         return min(n, max(0, inside - self.trained))
 
     def add(self, indices: Tensor) -> None:

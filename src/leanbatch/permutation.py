@@ -6,6 +6,8 @@ positions it needs, so no O(N log N) shuffle and no permutation array are ever m
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -70,10 +72,31 @@ class KeyedPermutation:
             left, right = right, left ^ self._round(right, k)
         return (left << self._half) | right
 
+    def _decrypt(self, x: Tensor) -> Tensor:
+        left, right = x >> self._half, x & self._mask
+        for k in reversed(self._keys):
+            left, right = right ^ self._round(left, k), left
+        return (left << self._half) | right
+
     def __call__(self, positions: Tensor) -> Tensor:
-        x = self._encrypt(positions.to(torch.int64))
+        return self._walk(positions, self._encrypt)
+
+    def inverse(self, values: Tensor) -> Tensor:
+        """The positions that map to ``values``: ``p(p.inverse(v)) == v``.
+
+        Example:
+            >>> import torch
+            >>> p = KeyedPermutation(10, key=7)
+            >>> torch.equal(p(p.inverse(torch.arange(10))), torch.arange(10))
+            True
+        """
+        return self._walk(values, self._decrypt)
+
+    def _walk(self, x: Tensor, step: Callable[[Tensor], Tensor]) -> Tensor:
+        """Cycle walking: apply ``step`` until every value is back in ``range(n)``."""
+        x = step(x.to(torch.int64))
         out = x >= self.n
         while bool(out.any()):  # CPU only: the sampler runs on the host
-            x[out] = self._encrypt(x[out])
+            x[out] = step(x[out])
             out = x >= self.n
         return x

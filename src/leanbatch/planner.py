@@ -21,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -28,9 +29,11 @@ import torch
 from leanbatch.checks import check_seed
 from leanbatch.permutation import mix_seed
 from leanbatch.policies import Plan, Policy
+from leanbatch.policies.plan import ShardInfo
 from leanbatch.rng import initialized, is_distributed, world_size
 from leanbatch.scores import ScoreTable
 from leanbatch.sharding import Sharding
+from leanbatch.slices import Comm, DistComm, Slice
 
 __all__ = ["EpochPlanner"]
 
@@ -51,8 +54,16 @@ class EpochPlanner:
         3
     """
 
-    def __init__(self, scores: ScoreTable, policy: Policy, seed: int = 0, sharding: Sharding | None = None):
+    def __init__(
+        self,
+        scores: ScoreTable,
+        policy: Policy,
+        seed: int = 0,
+        sharding: Sharding | None = None,
+        comm: Comm | None = None,
+    ):
         self.scores = scores
+        self.comm = comm  # sharded scores: the collectives (default: over the sharding's process group)
         self.policy = policy
         bind = getattr(policy, "bind", None)
         if callable(bind):  # a policy that reads more of the table than its scores (UCB: the variance)
@@ -78,14 +89,24 @@ class EpochPlanner:
         """Adopt a plan read from a checkpoint as the latest (it is not made again)."""
         self._plan = plan
 
+    @property
+    def sharded(self) -> bool:
+        """Whether plans are made per slice (the score table holds one rank's rows)."""
+        return self.sharding.scores_sharded
+
     def _make(self, epoch: int) -> Plan:
-        world, _ = self.sharding.resolve()
+        world, rank = self.sharding.resolve()
         self._check_merged(world)
         generator = torch.Generator().manual_seed(mix_seed(self.seed, epoch, 0))
-        plan = self.policy(self.scores.values, epoch, generator)
+        if self.sharded:
+            plan = self._make_slice(epoch, generator, world, rank)
+            padded, dropped = _padding(plan, self.sharding.local_length(plan.order_length, 0, world))
+        else:
+            plan = self.policy(self.scores.values, epoch, generator)
+            total = self.sharding.local_length(plan.num_kept, 0, world) * world
+            padded, dropped = max(0, total - plan.num_kept), max(0, plan.num_kept - total)
         if plan.num_kept < 1:
             raise RuntimeError(f"the policy planned an empty epoch {epoch}: a Policy must keep >= 1 sample")
-        total = self.sharding.local_length(plan.num_kept, 0, world) * world
         stats = {
             "epoch": epoch,
             "num_samples": plan.num_samples,
@@ -93,12 +114,33 @@ class EpochPlanner:
             "pruned": plan.num_pruned,
             "threshold": plan.threshold,
             "pruning": plan.pruning,
-            "padded": max(0, total - plan.num_kept),
-            "dropped": max(0, plan.num_kept - total),
+            "padded": padded,
+            "dropped": dropped,
             "nonfinite_so_far": int(self.scores.nonfinite_count),
         }
         self.epoch_stats = [s for s in self.epoch_stats if s["epoch"] != epoch] + [stats]
         return plan
+
+    def _make_slice(self, epoch: int, generator: torch.Generator, world: int, rank: int) -> Plan:
+        """This rank's part of the epoch's plan, and every rank's kept count (one all_gather)."""
+        table = self.scores.slice
+        if (table.world, table.rank) != (world, rank):
+            raise ValueError(
+                f"the score table holds the rows of rank {table.rank} of {table.world} but this process is "
+                f"rank {rank} of {world}: build it (or InfoBatch(shard_scores=True)) with this rank's world and rank"
+            )
+        if self.comm is None and world > 1 and not is_distributed(self.sharding.process_group):
+            raise RuntimeError(
+                f"shard_scores=True with {world} ranks plans through collectives: call "
+                "torch.distributed.init_process_group() before training"
+            )
+        comm = self.comm if self.comm is not None else DistComm(self.sharding.process_group)
+        sl = Slice(table.num_samples, world, rank, comm)
+        plan = self.policy.plan_slice(self.scores.values, epoch, generator, sl)  # type: ignore[attr-defined]
+        mine = sl.size if plan.kept is None else plan.local_kept
+        counts = tuple(int(c) for c in comm.gather(torch.tensor([mine], dtype=torch.int64))[:, 0])
+        length = min(counts) if self.sharding.drop_last else max(counts)
+        return replace(plan, shard=ShardInfo(world, rank, counts, length))
 
     def _check_merged(self, world: int) -> None:
         """Refuse to plan from scores the other ranks never saw (shards would overlap or miss)."""
@@ -109,7 +151,7 @@ class EpochPlanner:
                 "every rank must plan from the same merged scores; leave num_replicas/rank unset to "
                 "read them from the group, or pass process_group= (the data-parallel group)"
             )
-        if world > 1 and not is_distributed(group) and self.scores.unmerged:
+        if world > 1 and not is_distributed(group) and self.scores.unmerged and not self.sharded:
             raise RuntimeError(
                 f"num_replicas={world} but torch.distributed is not initialised, so the scores "
                 "this rank stored cannot be merged with the other ranks' before planning (each rank would "
@@ -124,3 +166,10 @@ class EpochPlanner:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict`."""
         self.epoch_stats = [dict(s) for s in state["epoch_stats"]]
+
+
+def _padding(plan: Plan, length: int) -> tuple[int, int]:
+    """Samples repeated (padding) and left out (``drop_last``) over every rank, at ``length`` per rank."""
+    assert plan.shard is not None
+    counts = plan.shard.counts
+    return sum(max(0, length - c) for c in counts), sum(max(0, c - length) for c in counts)

@@ -33,12 +33,12 @@ from __future__ import annotations
 
 import warnings
 from collections import deque
-from typing import Any, NamedTuple
+from typing import Any
 
 from torch import Tensor
 
 from leanbatch.checks import check_int
-from leanbatch.ledger import Fetches, Iteration
+from leanbatch.ledger import Fetches, Iteration, Position, Step
 from leanbatch.planner import EpochPlanner
 from leanbatch.policies import Plan
 from leanbatch.progress import training_progress
@@ -46,40 +46,6 @@ from leanbatch.rng import is_distributed
 from leanbatch.sharding import Sharding
 
 __all__ = ["Position", "Step", "TrainingRecord"]
-
-
-class Position(NamedTuple):
-    """Where training stands: ``trained`` of the ``length`` samples of epoch ``epoch`` (global order).
-
-    ``length`` is 0 while the epoch is not planned yet. A fully trained epoch ``e`` reads
-    ``Position(e + 1, 0, ...)``.
-
-    Example:
-        >>> Position(2, 30, 120).fraction
-        0.25
-    """
-
-    epoch: int
-    trained: int
-    length: int
-
-    @property
-    def fraction(self) -> float:
-        """The share of the epoch trained (0 while it is not planned)."""
-        return self.trained / self.length if self.length else 0.0
-
-
-class Step(NamedTuple):
-    """What an update trains: the plan that served it, its dataset indices (if asked), the rows that score.
-
-    ``scored`` counts the leading rows that are not padding: padding repeats samples at the
-    end of an epoch so every rank trains as many; a padded row trains but never scores, so
-    each sample is scored at most once per epoch and merging the ranks' scores is order-free.
-    """
-
-    plan: Plan
-    indices: Tensor | None
-    scored: int
 
 
 class TrainingRecord:
@@ -129,7 +95,9 @@ class TrainingRecord:
             return Position(it.epoch, it.global_trained, it.plan.num_kept)
         epoch, start = self._next()
         latest = self.planner.latest
-        return Position(epoch, start, latest.num_kept if latest is not None and latest.epoch == epoch else 0)
+        if latest is not None and latest.epoch == epoch:
+            return Position(epoch, latest.kept_before(start), latest.num_kept)
+        return Position(epoch, start, 0)
 
     @property
     def epoch(self) -> int:
@@ -166,7 +134,7 @@ class TrainingRecord:
         epoch, start = self._next()
         if epoch >= self.num_epochs:
             return self._its[-1].length if self._its else 0
-        return self.sharding.local_length(self.plan().num_kept, start)
+        return self.sharding.local_length(self.plan().order_length, start)
 
     def left(self) -> int:
         """Samples of the iteration being trained that are not trained yet (0 without one)."""
@@ -188,7 +156,7 @@ class TrainingRecord:
         """Samples this rank serves in the whole epoch training stands in (its trained part included)."""
         if self._next()[0] >= self.num_epochs and self._live() is None:
             return 0
-        return self.sharding.local_length(self.plan().num_kept, 0)
+        return self.sharding.local_length(self.plan().order_length, 0)
 
     # ------------------------------------------------------------------ serving
     def begin(self) -> Iteration | None:
@@ -219,7 +187,7 @@ class TrainingRecord:
         plan = self.planner.plan(epoch)
         world, rank = self.sharding.resolve()
         it = Iteration(
-            epoch, plan, world, rank, start, self.sharding.local_length(plan.num_kept, start, world)
+            epoch, plan, world, rank, start, self.sharding.local_length(plan.order_length, start, world)
         )
         self._its.append(it)
         return it
@@ -371,24 +339,25 @@ class TrainingRecord:
     def state_dict(self) -> dict[str, Any]:
         """Epoch, global position, the epoch's plan (mid-epoch) and the statistics: plain values.
 
-        Saved as ``epoch``, ``position`` (trained samples, global) and ``finished``: a fully
+        Saved as ``epoch``, ``position`` (in the epoch's global order) and ``finished``: a fully
         trained epoch ``e`` is ``(e, its length, True)``, which resumes at ``Position(e + 1, 0, ...)``.
         """
         latest = self._its[-1] if self._its else None
-        plan: Plan | None = None
         if latest is not None and latest.done:
-            epoch, trained, finished = latest.epoch, latest.global_trained, True
-        else:
-            epoch, trained, _ = self.position
-            finished = False
-            current = latest.plan if latest is not None else self.planner.latest
-            plan = current if current is not None and current.epoch == epoch and trained > 0 else None
+            return self._state(latest.epoch, latest.order_position, True, None)
+        epoch, live = self.position.epoch, self._live()
+        trained = live.order_position if live is not None else self._next()[1]
+        plan = latest.plan if latest is not None else self.planner.latest
+        keep = plan is not None and plan.epoch == epoch and (trained > 0 or plan.done > 0)
+        return self._state(epoch, trained, False, plan if keep else None)
+
+    def _state(self, epoch: int, position: int, finished: bool, plan: Plan | None) -> dict[str, Any]:
         return {
             "version": 2,
             "seed": self.planner.seed,
             "num_samples": self.planner.scores.num_samples,
             "epoch": epoch,
-            "position": trained,  # global (all ranks); version 1 counted this rank's samples
+            "position": position,  # in the epoch's global order (all ranks); version 1 counted this rank's
             "finished": finished,
             "world": self.sharding.resolve()[0],
             "plan": None if plan is None else plan.state_dict(),

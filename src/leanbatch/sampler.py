@@ -19,12 +19,11 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import torch
 from torch import Tensor
 from torch.utils.data import Sampler
 
 from leanbatch.ledger import Iteration
-from leanbatch.permutation import KeyedPermutation, mix_seed
+from leanbatch.permutation import KeyedPermutation, mix_seed  # noqa: F401 -- re-exported
 from leanbatch.planner import EpochPlanner
 from leanbatch.policies import Plan, Policy
 from leanbatch.record import Position, TrainingRecord
@@ -44,9 +43,7 @@ def serve(plan: Plan, seed: int, positions: Tensor) -> Tensor:
         >>> sorted(order[:5].tolist()), torch.equal(order[5:], order[:2])
         ([0, 1, 2, 3, 4], True)
     """
-    perm = KeyedPermutation(plan.num_kept, mix_seed(seed, plan.epoch, 1))
-    pos = perm(positions % plan.num_kept)
-    return pos if plan.kept is None else plan.kept[pos].to(torch.int64)
+    return plan.serve(seed, positions)
 
 
 class PrunedSampler(Sampler[int]):
@@ -77,10 +74,10 @@ class PrunedSampler(Sampler[int]):
         >>> idx, plan = sampler.claim(8)                 # trained: the losses of these 8 samples
         >>> table.update(idx, idx.float())               # scores 0..7, mean 3.5
         >>> sampler.epoch, len(sampler)                  # epoch 1 is planned now: 0..3 may be pruned
-        (1, 4)
+        (1, 5)
         >>> order = list(sampler)
         >>> sorted(order), sampler.plan().weights.tolist()   # kept below the mean: weight 1 / (1 - 0.5)
-        ([4, 5, 6, 7], [2.0, 2.0, 2.0, 2.0, 1.0, 1.0, 1.0, 1.0])
+        ([3, 4, 5, 6, 7], [2.0, 2.0, 2.0, 2.0, 1.0, 1.0, 1.0, 1.0])
     """
 
     def __init__(
@@ -96,8 +93,15 @@ class PrunedSampler(Sampler[int]):
         shard: bool = True,
         chunk_size: int = 4096,
         num_epochs: int | None = None,
+        shard_scores: bool = False,
     ):
-        sharding = Sharding(num_replicas, rank, drop_last, process_group, shard)
+        sharding = Sharding(num_replicas, rank, drop_last, process_group, shard, scores_sharded=shard_scores)
+        if shard_scores:
+            _check_sharded(scores, policy)
+        elif scores.slice.world > 1:
+            raise ValueError(
+                "this score table holds one rank's slice (world > 1): pass shard_scores=True to the sampler"
+            )
         planner = EpochPlanner(scores, policy, seed, sharding)
         self.record = TrainingRecord(planner, policy.num_epochs if num_epochs is None else num_epochs)
         self.chunk_size = chunk_size
@@ -195,3 +199,14 @@ class PrunedSampler(Sampler[int]):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next iteration continues the saved epoch at the saved position."""
         self.record.load_state_dict(state)
+
+
+def _check_sharded(scores: ScoreTable, policy: Policy) -> None:
+    """Refuse ``shard_scores=True`` with a policy that cannot plan a slice."""
+    if not callable(getattr(policy, "plan_slice", None)):
+        raise ValueError(
+            f"shard_scores=True plans each rank's slice of the index space, which {type(policy).__name__} "
+            "cannot do (it has no plan_slice; LossRankPolicy needs every score in one place to rank them): "
+            "use InfoBatchPolicy, RandomPolicy, RS2Policy, EpsilonGreedyPolicy, UCBPolicy or SeTaPolicy, "
+            "or leave shard_scores off"
+        )

@@ -12,8 +12,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from leanbatch.checks import check_per_sample_loss, check_saved_tensor, require
+from leanbatch.checks import check_per_sample_loss
 from leanbatch.rng import all_gather_rows, is_distributed
+from leanbatch.slices import Slice
 
 __all__ = ["ScoreTable", "check_per_sample_loss"]
 
@@ -35,6 +36,11 @@ class ScoreTable:
     ``var <- m * (var + (1 - m) * d**2)``; 0 after the first observation, NaN before),
     read by :attr:`variances`; UCB pruning ranks by ``mean + c * sqrt(var)``.
 
+    With ``world=W, rank=r`` (sharded scores, see :mod:`leanbatch.slices`) the table holds the
+    rows rank ``r`` owns, the indices ``i % W == r``: :attr:`values` is that slice (local row
+    ``j`` is index ``r + j * W``). Indices stay global everywhere else; a row of another rank is
+    not stored (``store(across=True)`` gathers every rank's rows, so each owner stores its own).
+
     Example:
         >>> import torch
         >>> t = ScoreTable(4)
@@ -53,6 +59,9 @@ class ScoreTable:
         device: torch.device | str | None = None,
         ema: float | None = None,
         variance: bool = False,
+        *,
+        world: int = 1,
+        rank: int = 0,
     ):
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
@@ -66,6 +75,8 @@ class ScoreTable:
                 "momentum: pass ema= as well (e.g. ScoreTable(n, ema=0.9, variance=True))"
             )
         self.num_samples = num_samples
+        self.slice = Slice(num_samples, world, rank)  # the rows this table holds
+        size = self.slice.size
         self.ema = None if ema is None else float(ema)
         self._follow_device = device is None
         self.flush_every = 8192
@@ -75,7 +86,7 @@ class ScoreTable:
         self._pending_n = 0
         dev = torch.device("cpu") if device is None else torch.device(device)
         # One slot past the end takes the writes of non-finite losses (see flush): never read.
-        self._values = torch.full((num_samples + 1,), float("nan"), dtype=torch.float32, device=dev)
+        self._values = torch.full((size + 1,), float("nan"), dtype=torch.float32, device=dev)
         self._nonfinite = torch.zeros((), dtype=torch.int64, device=dev)
         # EMA variance (optional), same layout as _values (the spare slot included).
         self._var: Tensor | None = torch.full_like(self._values, float("nan")) if variance else None
@@ -84,8 +95,7 @@ class ScoreTable:
         self._numbers: Tensor | None = None  # flush scratch: 0, 1, 2, ... and -1, -1, ... (int32)
 
     def __getstate__(self) -> dict[str, Any]:
-        # Queued writes hold references and version counters that a copy would not keep.
-        self.flush()
+        self.flush()  # queued writes hold references and version counters that a copy would not keep
         return dict(self.__dict__, _numbers=None)  # scratch, not state
 
     # ------------------------------------------------------------------ device
@@ -220,8 +230,12 @@ class ScoreTable:
         new = new.to(values.device, torch.float32, non_blocking=True)
         finite = new.abs() < float("inf")  # False for NaN and +-Inf; cheaper than isfinite
         self._nonfinite += finite.numel() - torch.count_nonzero(finite)
-        # Non-finite losses are written to the spare slot past the end instead: no boolean mask.
-        dest = torch.where(finite, idx, self.num_samples)
+        # Non-finite losses (and rows another rank owns) go to the spare slot instead: no boolean mask.
+        if self.slice.world == 1:
+            dest = torch.where(finite, idx, self.num_samples)
+        else:
+            mine = finite & (idx % self.slice.world == self.slice.rank) & (idx < self.num_samples)
+            dest = torch.where(mine, torch.div(idx, self.slice.world, rounding_mode="floor"), self.slice.size)
         var = None
         if self.ema is not None:  # flushed every step (see store): blended with the stored score
             m = self.ema
@@ -264,9 +278,9 @@ class ScoreTable:
 
     @property
     def values(self) -> Tensor:
-        """The scores, float32 (num_samples,), NaN where never scored (flushes queued losses)."""
+        """The scores, float32 (num_samples,) (sharded: this rank's rows), NaN where never scored."""
         self.flush()
-        return self._values[: self.num_samples]
+        return self._values[: self.slice.size]
 
     @property
     def variances(self) -> Tensor:
@@ -276,7 +290,7 @@ class ScoreTable:
                 "this table keeps no variance: build it with ScoreTable(n, ema=m, variance=True)"
             )
         self.flush()
-        return self._var[: self.num_samples]
+        return self._var[: self.slice.size]
 
     @property
     def tracks_variance(self) -> bool:
@@ -287,7 +301,9 @@ class ScoreTable:
         """Scores of ``indices`` (NaN where never scored)."""
         idx = self._index(indices)
         self.check_indices(idx)
-        return self.values[idx]
+        if self.slice.world > 1 and idx.device.type == "cpu" and not bool(self.slice.owns(idx).all()):
+            raise IndexError(f"indices of another rank: this table holds those of rank {self.slice.rank}")
+        return self.values[self.slice.local_rows(idx)]
 
     @property
     def nonfinite_count(self) -> Tensor:
@@ -299,7 +315,6 @@ class ScoreTable:
         """How many indices hold a score (syncs; not for the per-step path)."""
         return int((~torch.isnan(self.values)).sum())
 
-    # ------------------------------------------------------------------ distributed
     def sync(self, group: Any = None) -> None:
         """Merge what every rank of ``group`` wrote since the last sync (a collective).
 
@@ -309,6 +324,9 @@ class ScoreTable:
         import torch.distributed as dist
 
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) < 2:
+            return
+        if self.slice.world > 1:  # sharded: each owner stores its own rows; nothing to merge
+            self._unmerged = False
             return
         self.flush()  # queued writes mark what they touch
         if self._touched is None:  # first sync: everything this rank scored counts
@@ -341,14 +359,18 @@ class ScoreTable:
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
-        """Tensors and plain values only (loads with ``torch.load(weights_only=True)``)."""
-        return {
+        """Tensors and plain values only (loads with ``torch.load(weights_only=True)``); sharded: this
+        rank's rows, with ``world`` and ``rank``."""
+        state = {
             "num_samples": self.num_samples,
             "ema": self.ema,
             "values": self.values.detach().cpu().clone(),
             "nonfinite": int(self.nonfinite_count),
             "variance": None if self._var is None else self.variances.detach().cpu().clone(),
         }
+        if self.slice.world > 1:
+            state.update(world=self.slice.world, rank=self.slice.rank)
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a table saved by :meth:`state_dict`, checked first; ``ValueError`` names the wrong key.
@@ -362,7 +384,9 @@ class ScoreTable:
             ...     print(str(e).split(":")[0])
             state_dict['values'] must be a float tensor of shape (2,) with finite values or NaN
         """
-        values, var, nonfinite = self._checked_state(state)
+        from leanbatch.state import score_state  # validation of a loaded state
+
+        values, var, nonfinite = score_state(state, self)
         self._pending, self._pending_n = [], 0
         self._unmerged = False
         if var is not None and self._var is not None:
@@ -370,28 +394,5 @@ class ScoreTable:
         self._values = torch.cat([values.to(self._values.device, torch.float32), self._values[-1:]])
         # Every rank loads the same table, so the next merge takes only what each rank writes from
         # now on (treating the loaded scores as written would average them into fresh losses).
-        self._touched = torch.zeros(self.num_samples + 1, dtype=torch.bool, device=self._values.device)
+        self._touched = torch.zeros(self.slice.size + 1, dtype=torch.bool, device=self._values.device)
         self._nonfinite = torch.tensor(nonfinite, device=self._values.device)
-
-    def _checked_state(self, state: Any) -> tuple[Tensor, Tensor | None, int]:
-        """``(values, variances, nonfinite)`` of a saved state, validated against this table."""
-        state = require(state, ("num_samples", "values"), "state_dict")
-        n = state["num_samples"]
-        if n != self.num_samples:
-            raise ValueError(
-                f"state_dict is for {n} samples but this table has {self.num_samples}: "
-                "load a checkpoint made with the same dataset"
-            )
-        values = check_saved_tensor(state, "values", (self.num_samples,))
-        var = state.get("variance")
-        if (var is None) != (self._var is None):
-            raise ValueError(
-                "state_dict and this table disagree on variance tracking: build the table with the same "
-                "ScoreTable(..., variance=) as the one that saved it"
-            )
-        if var is not None:
-            var = check_saved_tensor(state, "variance", (self.num_samples,), low=0.0)
-        nonfinite = state.get("nonfinite", 0)
-        if isinstance(nonfinite, bool) or not isinstance(nonfinite, int) or nonfinite < 0:
-            raise ValueError(f"state_dict['nonfinite'] must be an int >= 0, got {nonfinite!r}")
-        return values, var, nonfinite

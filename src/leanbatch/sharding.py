@@ -42,6 +42,8 @@ class Sharding:
         process_group: the data-parallel group (default: the world).
         shard: ``False`` serves the whole order on every process (a framework shards the
             batches, as accelerate does); ``num_replicas``/``rank`` then do not apply.
+        scores_sharded: each rank holds the scores and plan of its own slice of the index space
+            and serves its own kept samples (see :mod:`leanbatch.slices`); needs ``shard=True``.
 
     Example:
         >>> Sharding(shard=False).resolve(), Sharding(num_replicas=3, drop_last=True).local_length(7, 0)
@@ -54,6 +56,7 @@ class Sharding:
     process_group: Any = None
     shard: bool = True
     multiple: int = 1  # each rank's share of an epoch is padded (or truncated) to a multiple of this
+    scores_sharded: bool = False
 
     def __post_init__(self) -> None:
         if self.num_replicas is not None:
@@ -68,6 +71,12 @@ class Sharding:
         check_bool(self.shard, "shard")
         check_bool(self.drop_last, "drop_last")
         check_int(self.multiple, "multiple", 1)
+        check_bool(self.scores_sharded, "shard_scores")
+        if self.scores_sharded and not self.shard:
+            raise ValueError(
+                "shard_scores=True has each rank serve the samples it owns, so it needs shard=True: "
+                "a framework that shards the batches of one global order (shard=False) cannot use it"
+            )
         if not self.shard and (self.num_replicas not in (None, 1) or self.rank not in (None, 0)):
             raise ValueError(
                 "shard=False serves the whole plan on every process (the framework shards the batches), "

@@ -22,13 +22,60 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from leanbatch.checks import require
+from leanbatch.checks import check_saved_tensor, require
 from leanbatch.policies import Plan
 from leanbatch.sharding import Sharding
 
-__all__ = ["record_state", "require"]
+if TYPE_CHECKING:
+    from torch import Tensor
+
+    from leanbatch.scores import ScoreTable
+
+__all__ = ["record_state", "require", "score_state"]
+
+
+def score_state(state: Any, table: ScoreTable) -> tuple[Tensor, Tensor | None, int]:
+    """``(values, variances, nonfinite)`` of a saved score table, validated against ``table``.
+
+    A sharded table's state (``world``, ``rank``) loads only into the same rank of the same world:
+    :func:`leanbatch.sharded.shard_state` re-shards a state for another.
+
+    Example:
+        >>> from leanbatch.scores import ScoreTable
+        >>> table = ScoreTable(5, world=2, rank=1)
+        >>> score_state(table.state_dict(), table)[0].shape
+        torch.Size([2])
+    """
+    state = require(state, ("num_samples", "values"), "state_dict")
+    n = state["num_samples"]
+    if n != table.num_samples:
+        raise ValueError(
+            f"state_dict is for {n} samples but this table has {table.num_samples}: "
+            "load a checkpoint made with the same dataset"
+        )
+    where = (state.get("world", 1), state.get("rank", 0))
+    if where != (table.slice.world, table.slice.rank):
+        raise ValueError(
+            f"state_dict holds the scores of rank {where[1]} of {where[0]}, this table is rank "
+            f"{table.slice.rank} of {table.slice.world}: gather the shards with leanbatch.sharded.gather_states "
+            "and re-shard them with leanbatch.sharded.shard_state"
+        )
+    size = table.slice.size
+    values = check_saved_tensor(state, "values", (size,))
+    var = state.get("variance")
+    if (var is None) != (not table.tracks_variance):
+        raise ValueError(
+            "state_dict and this table disagree on variance tracking: build the table with the same "
+            "ScoreTable(..., variance=) as the one that saved it"
+        )
+    if var is not None:
+        var = check_saved_tensor(state, "variance", (size,), low=0.0)
+    nonfinite = state.get("nonfinite", 0)
+    if isinstance(nonfinite, bool) or not isinstance(nonfinite, int) or nonfinite < 0:
+        raise ValueError(f"state_dict['nonfinite'] must be an int >= 0, got {nonfinite!r}")
+    return values, var, nonfinite
 
 
 def _count(state: Mapping[str, Any], key: str) -> int:
@@ -73,15 +120,37 @@ def record_state(
     plan = None if saved_plan is None else Plan.from_state(saved_plan, num_samples, "state_dict['plan']")
     if plan is not None and plan.epoch != epoch:
         raise ValueError(f"state_dict['plan'] is epoch {plan.epoch}'s but the position is in epoch {epoch}")
+    _check_layout(plan, sharding)
     if trained and plan is None:
         raise ValueError(
             f"state_dict['plan'] is missing for a position inside epoch {epoch} ({trained} trained)"
         )
-    if plan is not None and trained > plan.num_kept:
+    if plan is not None and trained > plan.order_length:
         raise ValueError(
-            f"state_dict position {trained} is past the end of epoch {epoch}, whose plan keeps {plan.num_kept}"
+            f"state_dict position {trained} is past the end of epoch {epoch}, whose plan keeps {plan.order_length}"
         )
     stats = state["epoch_stats"]
     if not isinstance(stats, list) or not all(isinstance(s, Mapping) and "epoch" in s for s in stats):
         raise ValueError("state_dict['epoch_stats'] must be a list of per-epoch dicts")
     return epoch, trained, plan, [dict(s) for s in stats], seed
+
+
+def _check_layout(plan: Plan | None, sharding: Sharding) -> None:
+    """A sharded plan loads only into the same rank of the same world, an unsharded one only unsharded."""
+    if plan is None:
+        return
+    if plan.shard is None and sharding.scores_sharded:
+        raise ValueError(
+            "state_dict['plan'] is unsharded but this sampler shards its scores: cut this rank's state out "
+            "with leanbatch.sharded.shard_state (InfoBatch(shard_scores=True).load_state_dict does it)"
+        )
+    if plan.shard is not None:
+        where = (plan.shard.world, plan.shard.rank)
+        if not sharding.scores_sharded or where != sharding.resolve():
+            world, rank = sharding.resolve()
+            this = f"rank {rank} of {world}" if sharding.scores_sharded else "unsharded"
+            raise ValueError(
+                f"state_dict['plan'] is the plan of rank {where[1]} of {where[0]} (shard_scores=True), this "
+                f"sampler is {this}: gather the ranks' states with leanbatch.sharded.gather_states (and "
+                "re-shard them with shard_state)"
+            )

@@ -21,8 +21,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from leanbatch.permutation import mix_seed
+from leanbatch.permutation import KeyedPermutation, mix_seed
 from leanbatch.policies.base import Plan, check_epochs, check_ratio, full_plan, plan_from_keep, pruning_epochs
+from leanbatch.policies.keyed import draw_key, global_count
+from leanbatch.policies.select import score_keys, top_mask, uniform_keys
+from leanbatch.slices import Slice
 
 if TYPE_CHECKING:
     from leanbatch.scores import ScoreTable
@@ -71,7 +74,10 @@ class RS2Policy(_Budget):
     epochs without extra state. An epoch that spans the end of a pass and the start of the
     next may draw a sample from both; it is served once and replaced by a sample drawn
     uniformly from the rest (the generator's draw), so every epoch serves exactly ``k``
-    distinct samples (about ``m (k - m) / N`` replacements, ``m`` taken from the old pass).
+    distinct samples (about ``m (k - m) / N`` replacements, ``m`` taken from the old pass); the
+    replacements are the samples first in a keyed uniform order, so every rank of a sharded plan
+    finds them. A pass is a keyed permutation (:class:`~leanbatch.permutation.KeyedPermutation`),
+    evaluated forward on the epoch's positions or, for one rank's slice, backward on its indices.
     Scores are not read: RS2 is the baseline a scoring rule must beat at equal budget.
 
     Args:
@@ -96,29 +102,39 @@ class RS2Policy(_Budget):
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise TypeError(f"seed must be an int, got {self.seed!r}")
 
-    def permutation(self, n: int, pass_index: int) -> Tensor:
-        """The order of pass ``pass_index`` over ``n`` samples (int64), keyed by ``(seed, pass)``."""
-        g = torch.Generator().manual_seed(mix_seed(self.seed, pass_index, _RS2_TAG))
-        return torch.randperm(n, generator=g)
+    def permutation(self, n: int, pass_index: int) -> KeyedPermutation:
+        """The order of pass ``pass_index`` over ``n`` samples (position -> index), keyed by ``(seed, pass)``."""
+        return KeyedPermutation(n, mix_seed(self.seed, pass_index, _RS2_TAG))
+
+    def _in_pass(self, sl: Slice, pass_index: int, lo: int, hi: int) -> Tensor:
+        """Bool mask of the local rows at positions ``[lo, hi)`` of pass ``pass_index``."""
+        perm = self.permutation(sl.num_samples, pass_index)
+        if sl.whole:  # forward on the positions: O(hi - lo)
+            keep = torch.zeros(sl.num_samples, dtype=torch.bool)
+            keep[perm(torch.arange(lo, hi))] = True
+            return keep
+        pos = perm.inverse(sl.indices())  # backward on this rank's indices: O(N / world)
+        return (pos >= lo) & (pos < hi)
 
     def __call__(self, scores: Tensor, epoch: int, generator: torch.Generator) -> Plan:
-        n = scores.numel()
+        return self.plan_slice(scores, epoch, generator, Slice(scores.numel()))
+
+    def plan_slice(self, scores: Tensor, epoch: int, generator: torch.Generator, sl: Slice) -> Plan:
+        """The plan's part on one rank's slice (see :class:`~leanbatch.slices.Slice`)."""
+        n = sl.num_samples
         k = budget_size(n, self.prune_ratio)
         if not self.prunes(epoch) or k >= n:
             return full_plan(epoch, n)
         start, end = epoch * k, (epoch + 1) * k
         first, last = start // n, (end - 1) // n  # k <= n: at most two passes
-        keep = torch.zeros(n, dtype=torch.bool)
-        tail = self.permutation(n, first)[start - first * n : min(end, (first + 1) * n) - first * n]
-        keep[tail] = True
+        keep = self._in_pass(sl, first, start - first * n, min(end, (first + 1) * n) - first * n)
         if last > first:
-            head = self.permutation(n, last)[: end - last * n]
-            repeats = int(torch.count_nonzero(keep[head]))
-            keep[head] = True
+            head = self._in_pass(sl, last, 0, end - last * n)
+            repeats = global_count(torch.count_nonzero(keep & head), sl)
+            keep |= head
             if repeats:  # served once; the budget is filled uniformly from the others
-                rest = torch.nonzero(~keep).squeeze(1)
-                keep[rest[torch.randperm(rest.numel(), generator=generator)[:repeats]]] = True
-        return plan_from_keep(epoch, keep)
+                keep |= top_mask(uniform_keys(draw_key(generator), sl), repeats, sl, among=~keep)
+        return plan_from_keep(epoch, keep, sl=sl)
 
 
 @dataclass
@@ -129,7 +145,9 @@ class EpsilonGreedyPolicy(_Budget):
     score (the EMA of their loss: the score table's values), and ``round(epsilon * k)`` drawn
     uniformly from the others (exploration: "sometimes" samples get trained and re-scored).
     Samples never scored rank first (their loss is unknown); an epoch with nothing scored
-    trains on all data. Ties in the score are broken by the sort, deterministically.
+    trains on all data. Ties in the score go to the lower index; the exploration takes the
+    first of the others in a keyed uniform order, so a sharded plan is the same (the top
+    ``k`` over every rank: :func:`~leanbatch.policies.select.top_mask`).
 
     Args:
         prune_ratio: share of all samples left out per pruning epoch (default 0.3).
@@ -184,21 +202,22 @@ class EpsilonGreedyPolicy(_Budget):
         return torch.nan_to_num(scores, nan=float("inf"))
 
     def __call__(self, scores: Tensor, epoch: int, generator: torch.Generator) -> Plan:
-        n = scores.numel()
+        return self.plan_slice(scores, epoch, generator, Slice(scores.numel()))
+
+    def plan_slice(self, scores: Tensor, epoch: int, generator: torch.Generator, sl: Slice) -> Plan:
+        """The plan's part on one rank's slice (see :class:`~leanbatch.slices.Slice`)."""
+        n = sl.num_samples
         k = budget_size(n, self.prune_ratio)
         if not self.prunes(epoch) or k >= n:
             return full_plan(epoch, n)
         scores = scores.detach().to("cpu", torch.float32)
-        if bool(torch.isnan(scores).all()):
+        if global_count(scores.numel() - int(torch.count_nonzero(torch.isnan(scores))), sl) == 0:
             return full_plan(epoch, n)
         explore = round(self.epsilon * k)
-        keep = torch.zeros(n, dtype=torch.bool)
-        if k - explore:
-            keep[torch.topk(self.ranking(scores), k - explore, sorted=False).indices] = True
+        keep = top_mask(score_keys(self.ranking(scores), sl), k - explore, sl)
         if explore:
-            rest = torch.nonzero(~keep).squeeze(1)
-            keep[rest[torch.randperm(rest.numel(), generator=generator)[:explore]]] = True
-        return plan_from_keep(epoch, keep)
+            keep |= top_mask(uniform_keys(draw_key(generator), sl), explore, sl, among=~keep)
+        return plan_from_keep(epoch, keep, sl=sl)
 
 
 @dataclass

@@ -29,13 +29,14 @@ from leanbatch.policies.base import (
     Plan,
     _check_common,
     check_ratio,
-    drop_mask,
     full_plan,
-    mean_score,
+    keyed_drop,
     plan_from_drop,
     pruning_epochs,
     weights_where,
 )
+from leanbatch.policies.keyed import draw_key, global_count, global_mean
+from leanbatch.slices import Slice
 
 __all__ = ["InfoBatchPolicy", "RandomPolicy"]
 
@@ -99,28 +100,33 @@ class _Rescaled:
     def _cap(self, w: float) -> float:
         return w if self.max_weight is None else min(w, float(self.max_weight))
 
-    def _plan(self, scores: Tensor, epoch: int, generator: torch.Generator, uniform: bool) -> Plan:
-        n = scores.numel()
+    def _plan(self, scores: Tensor, epoch: int, generator: torch.Generator, sl: Slice, uniform: bool) -> Plan:
+        n = sl.num_samples
         if not self.prunes(epoch):
             return full_plan(epoch, n)
         scores = scores.detach().to("cpu", torch.float32)
-        threshold, num_scored = mean_score(scores)
+        threshold, num_scored = global_mean(scores, sl)
         if threshold is None:
             return full_plan(epoch, n)
         below = scores < threshold  # NaN (never scored) compares False: always kept
-        num_below = int(torch.count_nonzero(below))
-        drops = self._drops(num_scored, num_below)
+        if uniform or self.target == "all":
+            num_below = global_count(torch.count_nonzero(below), sl)
+            drops = self._drops(num_scored, num_below)
         if uniform:  # random pruning: the same expected drops, spread over every scored sample
             del below
-            candidates, q = ~torch.isnan(scores), drops / num_scored
+            candidates, q, num_candidates = ~torch.isnan(scores), drops / num_scored, num_scored
         elif self.target == "below":
-            candidates, q = below, self.prune_ratio  # exactly the paper's drop probability
+            candidates, q, num_candidates = below, self.prune_ratio, n - 1  # exactly the paper's q
         else:
-            candidates, q = below, (drops / num_below if num_below else 0.0)
-        drop, w = drop_mask(candidates, q, generator)
+            candidates, q, num_candidates = below, (drops / num_below if num_below else 0.0), num_below
+        drop, w = keyed_drop(candidates, q, draw_key(generator), sl, num_candidates)
         weights = weights_where(candidates, self._cap(w))
         del candidates
-        return plan_from_drop(epoch, drop, weights, threshold)
+        return plan_from_drop(epoch, drop, weights, threshold, sl)
+
+    def plan_slice(self, scores: Tensor, epoch: int, generator: torch.Generator, sl: Slice) -> Plan:
+        """The plan's part on one rank's slice (``scores``: its rows); see :class:`~leanbatch.slices.Slice`."""
+        return self._plan(scores, epoch, generator, sl, uniform=isinstance(self, RandomPolicy))
 
 
 @dataclass
@@ -165,7 +171,7 @@ class InfoBatchPolicy(_Rescaled):
     """
 
     def __call__(self, scores: Tensor, epoch: int, generator: torch.Generator) -> Plan:
-        return self._plan(scores, epoch, generator, uniform=False)
+        return self._plan(scores, epoch, generator, Slice(scores.numel()), uniform=False)
 
 
 @dataclass
@@ -191,4 +197,4 @@ class RandomPolicy(_Rescaled):
     """
 
     def __call__(self, scores: Tensor, epoch: int, generator: torch.Generator) -> Plan:
-        return self._plan(scores, epoch, generator, uniform=True)
+        return self._plan(scores, epoch, generator, Slice(scores.numel()), uniform=True)

@@ -20,11 +20,12 @@ estimator). Samples without a score are always in the window. The one-dimensiona
 k-means (:func:`kmeans_boundaries`) starts from greedy k-means++ centres, as the authors'
 scikit-learn ``KMeans`` does, and runs Lloyd's algorithm on the sorted losses (exact
 cluster sums from prefix sums), keeping the best of 3 starts; it is fitted on at most
-``2**18`` of the subset's losses (a uniform sample beyond that) and applied to all of them,
-with the epoch's generator, so every rank finds the same groups. Its local optimum may
-differ from scikit-learn's. When every loss in the subset is equal, the groups are equal
-random chunks (as in the authors' code). Should the window hold no sample, the whole
-random subset is kept.
+``2**18`` of the subset's losses (those first in a keyed uniform order beyond that, gathered
+to every rank) and applied to all of them, from the same seeded starts on every rank and in every
+epoch (the losses change), so every rank finds the same groups. Its local optimum may differ from scikit-learn's. When every loss in the subset is
+equal, the groups are equal random chunks (as in the authors' code). Should the window hold no
+sample, the whole random subset is kept. The random subset is the ``k`` samples first in a
+keyed uniform order, so a rank's slice of the plan (``shard_scores=True``) is the same.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ from torch import Tensor
 
 from leanbatch.policies.base import Plan, check_epochs, check_ratio, full_plan, plan_from_keep, pruning_epochs
 from leanbatch.policies.budget import budget_size
+from leanbatch.policies.keyed import draw_key, global_count
+from leanbatch.policies.select import kth_largest, top_mask, uniform_keys
+from leanbatch.slices import Slice
 
 __all__ = ["SeTaPolicy", "kmeans_boundaries"]
 
@@ -182,26 +186,42 @@ class SeTaPolicy:
         return epoch % (self.num_groups - size + 1), size
 
     def __call__(self, scores: Tensor, epoch: int, generator: torch.Generator) -> Plan:
-        n = scores.numel()
+        return self.plan_slice(scores, epoch, generator, Slice(scores.numel()))
+
+    def plan_slice(self, scores: Tensor, epoch: int, generator: torch.Generator, sl: Slice) -> Plan:
+        """The plan's part on one rank's slice (see :class:`~leanbatch.slices.Slice`)."""
+        n = sl.num_samples
         k = budget_size(n, self.prune_ratio)
         start, size = self.window(epoch)
         annealing = epoch >= pruning_epochs(self.num_epochs, self.delta)
         if k >= n and (annealing or size == self.num_groups):
             return full_plan(epoch, n)
-        subset = torch.randperm(n, generator=generator)[:k]
-        keep = torch.zeros(n, dtype=torch.bool)
+        order = uniform_keys(draw_key(generator), sl)  # the random subset: the first k in this order
+        subset = top_mask(order, k, sl)
         if annealing or size == self.num_groups:
-            keep[subset] = True
-            return plan_from_keep(epoch, keep)
-        sub = scores.detach().to("cpu", torch.float32)[subset]
-        scored = ~torch.isnan(sub)
-        bounds = kmeans_boundaries(sub[scored], self.num_groups, generator)
+            return plan_from_keep(epoch, subset, sl=sl)
+        scores = scores.detach().to("cpu", torch.float32)
+        scored = subset & ~torch.isnan(scores)
+        num_scored = global_count(torch.count_nonzero(scored), sl)
+        fit = _gathered(scores[top_mask(order, min(num_scored, _MAX_FIT), sl, among=scored)], sl)
+        bounds = kmeans_boundaries(fit, self.num_groups)  # fixed starts: a function of the losses alone
         if bounds is None:  # all scored losses equal: equal chunks of the (random) subset order
-            rank = torch.cumsum(scored.long(), 0) - 1
-            group = rank * self.num_groups // max(1, int(scored.sum()))
+            cuts = [-(-j * num_scored // self.num_groups) for j in range(1, self.num_groups)]
+            group = sum((order <= kth_largest(order, num_scored - c, sl, among=scored)).long() for c in cuts)
         else:
-            group = torch.bucketize(sub, bounds)
-        inside = (group >= start) & (group < start + size)
-        chosen = subset[inside | ~scored]
-        keep[subset if chosen.numel() == 0 else chosen] = True
-        return plan_from_keep(epoch, keep)
+            group = torch.bucketize(scores, bounds)
+        chosen = subset & (((group >= start) & (group < start + size)) | ~scored)
+        return plan_from_keep(
+            epoch, chosen if global_count(torch.count_nonzero(chosen), sl) else subset, sl=sl
+        )
+
+
+def _gathered(values: Tensor, sl: Slice) -> Tensor:
+    """Every rank's ``values`` (of any length), concatenated; sorted, so the split does not show."""
+    if not sl.whole:
+        counts = sl.comm.gather(torch.tensor([values.numel()]))[:, 0]
+        padded = torch.zeros(int(counts.max()), dtype=values.dtype)
+        padded[: values.numel()] = values
+        rows = sl.comm.gather(padded)
+        values = torch.cat([row[: int(c)] for row, c in zip(rows, counts, strict=True)])
+    return torch.sort(values).values

@@ -1,0 +1,170 @@
+"""``leanbatch micro plan --world W --shard``: sharded planning per rank, W ranks simulated in one process.
+
+Each rank holds a sharded score table of its ``ceil((N - r) / W)`` rows, filled with the same
+exponential scores as one unsharded table of ``N``; the ranks plan each epoch in turns (see
+:class:`~leanbatch.simulate.SimulatedWorld`: every collective combined exactly as
+``torch.distributed`` would), and each rank's plan time is its own turns summed. Bytes held are
+the tensors a rank keeps between steps, by ``nbytes`` (not the resident set): its scores (the
+spare slot included) and its plan (kept indices and weights). The unsharded row plans the same
+scores in one table, for comparison. Each mode runs in a fresh subprocess.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from functools import partial
+from typing import Any
+
+import torch
+
+from leanbatch.checks import check_int
+
+__all__ = ["bench_plan_sharded", "format_plan_sharded"]
+
+
+def _fill(tables: list[Any], n: int, chunk: int = 1 << 20) -> None:
+    """Exponential scores (as ``micro plan``), each rank's table taking the rows it owns."""
+    g = torch.Generator().manual_seed(0)
+    for start in range(0, n, chunk):
+        stop = min(n, start + chunk)
+        losses = torch.empty(stop - start).exponential_(generator=g)
+        for t in tables:
+            first, end = t.slice.rows_in(start, stop)
+            idx = t.slice.indices(first, end)
+            t.update(idx, losses[idx - start])
+
+
+def _held(table: Any, plan: Any) -> tuple[int, int]:
+    scores = table._values.nbytes + (0 if table._var is None else table._var.nbytes)
+    kept = 0 if plan.kept is None else plan.kept.nbytes
+    return scores, kept + (0 if plan.weights is None else plan.weights.nbytes)
+
+
+def _measure(n: int, world: int, sharded: bool, repeats: int, policy: str) -> list[dict[str, Any]]:
+    import time
+
+    from leanbatch.planner import EpochPlanner
+    from leanbatch.policies import InfoBatchPolicy, RandomPolicy
+    from leanbatch.scores import ScoreTable
+    from leanbatch.sharding import Sharding
+    from leanbatch.simulate import SimulatedWorld
+
+    cls = InfoBatchPolicy if policy == "infobatch" else RandomPolicy
+    ranks = world if sharded else 1
+    tables = [ScoreTable(n, world=ranks, rank=r) for r in range(ranks)]
+    _fill(tables, n)
+    sim = SimulatedWorld(ranks)
+    planners = [
+        EpochPlanner(
+            t, cls(0.5, repeats + 2, 1.0), 0, Sharding(ranks, r, scores_sharded=sharded), sim.comm(r)
+        )
+        for r, t in enumerate(tables)
+    ]
+    best = [float("inf")] * ranks
+    for epoch in range(1, repeats + 1):
+        sim.busy = [0.0] * ranks
+        t0 = time.perf_counter()
+        sim.run([partial(p.plan, epoch) for p in planners])
+        wall = time.perf_counter() - t0
+        times = sim.busy if sharded else [wall]
+        best = [min(b, t) for b, t in zip(best, times, strict=True)]
+    rows = []
+    for r, (t, p) in enumerate(zip(tables, planners, strict=True)):
+        plan = p.plan(repeats)
+        score_b, plan_b = _held(t, plan)
+        rows.append(
+            {
+                "num_samples": n,
+                "world": world,
+                "sharded": sharded,
+                "rank": r,
+                "plan_s": best[r],
+                "score_bytes": score_b,
+                "plan_bytes": plan_b,
+                "kept": plan.num_kept,
+                "policy": policy,
+            }
+        )
+    return rows
+
+
+def _child(args: tuple[Any, ...], queue: Any) -> None:
+    try:
+        queue.put(_measure(*args))
+    except BaseException as e:  # report, never hang the parent
+        queue.put([{"num_samples": args[0], "sharded": args[2], "error": f"{type(e).__name__}: {e}"}])
+
+
+def bench_plan_sharded(
+    sizes: list[int], world: int, repeats: int = 3, policy: str = "infobatch"
+) -> list[dict[str, Any]]:
+    """Per size: the unsharded plan (one process) and every simulated rank's sharded plan; one row each.
+
+    Each mode runs in a fresh subprocess; see the module docstring for what is measured.
+    ``leanbatch micro plan --sizes 1e6,1e8 --world 8 --shard`` prints its table.
+    """
+    check_int(world, "world", 1)
+    check_int(repeats, "repeats", 1)
+    rows: list[dict[str, Any]] = []
+    ctx = mp.get_context("spawn")
+    for n in sizes:
+        check_int(n, "each size", world)
+        for sharded in (False, True):
+            queue = ctx.Queue()
+            proc = ctx.Process(target=_child, args=((n, world, sharded, repeats, policy), queue))
+            proc.start()
+            try:
+                rows.extend(queue.get())
+            finally:
+                proc.join()
+    return rows
+
+
+def format_plan_sharded(rows: list[dict[str, Any]]) -> str:
+    """Markdown table of :func:`bench_plan_sharded`'s rows (per rank), and the largest rank per size.
+
+    Example:
+        >>> row = {"num_samples": 8, "world": 2, "sharded": True, "rank": 0, "plan_s": 0.001,
+        ...        "score_bytes": 20, "plan_bytes": 24, "kept": 6, "policy": "random"}
+        >>> format_plan_sharded([row]).splitlines()[2].split("|")[4].strip()
+        '1.0 ms'
+    """
+    out = [
+        "| samples | mode | rank | plan one epoch | scores held | plan held | bytes x world / N |",
+        "|--------:|------|-----:|---------------:|------------:|----------:|------------------:|",
+    ]
+    for r in rows:
+        if "error" in r:
+            out.append(
+                f"| {r['num_samples']:,} | {'sharded' if r['sharded'] else 'unsharded'} | | error: {r['error']} | | | |"
+            )
+            continue
+        mode = f"sharded / {r['world']}" if r["sharded"] else "unsharded"
+        ranks = r["world"] if r["sharded"] else 1
+        held = r["score_bytes"] + r["plan_bytes"]
+        out.append(
+            f"| {r['num_samples']:,} | {mode} | {r['rank'] if r['sharded'] else '-'} | {r['plan_s'] * 1e3:,.1f} ms "
+            f"| {r['score_bytes'] / 2**20:,.1f} MiB | {r['plan_bytes'] / 2**20:,.1f} MiB "
+            f"| {held * ranks / r['num_samples']:.2f} |"
+        )
+    out += [
+        "",
+        "| samples | ranks | slowest rank's plan | largest rank's bytes held | x world / N |",
+        "|--:|--:|--:|--:|--:|",
+    ]
+    for n in dict.fromkeys(r["num_samples"] for r in rows):
+        for sharded in (False, True):
+            mine = [r for r in rows if r["num_samples"] == n and r["sharded"] == sharded and "error" not in r]
+            if mine:
+                ranks = mine[0]["world"] if sharded else 1
+                held = max(r["score_bytes"] + r["plan_bytes"] for r in mine)
+                out.append(
+                    f"| {n:,} | {ranks} | {max(r['plan_s'] for r in mine) * 1e3:,.1f} ms "
+                    f"| {held / 2**20:,.1f} MiB | {held * ranks / n:.2f} |"
+                )
+    pol = rows[0].get("policy", "infobatch") if rows else "infobatch"
+    out.append(
+        f"\npolicy {pol}; exponential scores; best of the repeats per rank; ranks simulated in one process, "
+        "in turns (each rank's time is its own); bytes are tensors' nbytes between steps"
+    )
+    return "\n".join(out)

@@ -1,0 +1,128 @@
+"""Sharded scores and plans (``shard_scores=True``) in real processes (gloo on CPU): each rank holds
+its own slice of the index space, yet plans and weights equal the unsharded ones, every kept
+sample is trained once per epoch on the rank that owns it, and shards have equal lengths."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import pytest
+import torch
+from sharded_helpers import done, init, spawn
+from torch.utils.data import DataLoader, TensorDataset
+
+from leanbatch import InfoBatch
+from leanbatch.policies import (
+    EpsilonGreedyPolicy,
+    InfoBatchPolicy,
+    RandomPolicy,
+    RS2Policy,
+    SeTaPolicy,
+    UCBPolicy,
+)
+
+N, EPOCHS, BS = 203, 5, 8
+
+
+def policy(name: str) -> Any:
+    """Each supported policy, pruning in most of the EPOCHS epochs."""
+    return {
+        "infobatch": lambda: InfoBatchPolicy(0.5, EPOCHS, 0.8),
+        "infobatch-all": lambda: InfoBatchPolicy(0.3, EPOCHS, 0.8, target="all"),
+        "random": lambda: RandomPolicy(0.5, EPOCHS, 0.8),
+        "rs2": lambda: RS2Policy(0.6, EPOCHS, seed=2),
+        "egreedy": lambda: EpsilonGreedyPolicy(0.4, EPOCHS, epsilon=0.3),
+        "ucb": lambda: UCBPolicy(0.4, EPOCHS, epsilon=0.2, c=0.5),
+        "seta": lambda: SeTaPolicy(0.2, EPOCHS, num_groups=3, window_scale=0.67),
+    }[name]()
+
+
+def loss_of(x: torch.Tensor, epoch: int) -> torch.Tensor:
+    """A loss of the sample and the epoch only (ties on purpose: rounded to 1/16)."""
+    return (torch.round(torch.sin(x * (epoch + 1)).abs() * 16) / 16 + 0.01).requires_grad_()
+
+
+def _worker(
+    rank: int, world: int, init_file: str, out: str, name: str, sharded: bool, drop_last: bool
+) -> None:
+    init(rank, world, init_file)
+    try:
+        data = TensorDataset(torch.arange(N, dtype=torch.float32))
+        ds = InfoBatch(data, EPOCHS, policy=policy(name), seed=7, shard_scores=sharded, drop_last=drop_last)
+        loader = DataLoader(ds, batch_size=BS, sampler=ds.sampler)
+        served, plans, lengths = [], [], []
+        for epoch in range(EPOCHS):
+            ds.set_epoch(epoch)
+            lengths.append(len(ds.sampler))
+            mine: list[int] = []
+            for (x,) in loader:
+                mine.extend(x.long().tolist())
+                ds.update(loss_of(x, epoch))
+            plan = ds.sampler.record.planner.latest
+            plans.append((plan.kept, plan.weights))
+            served.append(mine)
+        state = {"served": served, "plans": plans, "stats": ds.epoch_stats, "lengths": lengths}
+        state["scores"] = ds.scores.values.clone()
+        torch.save(state, os.path.join(out, f"rank{rank}.pt"))
+    finally:
+        done()
+
+
+def whole(results: list[dict], epoch: int) -> tuple[set[int] | None, torch.Tensor | None]:
+    """The kept set and the (N,) weights of a sharded run's epoch, put together from every rank."""
+    world = len(results)
+    parts = [r["plans"][epoch] for r in results]
+    kept = None if parts[0][0] is None else {int(i) for k, _ in parts for i in k}
+    if parts[0][1] is None:
+        return kept, None
+    w = torch.empty(N)
+    for rank, (_, wr) in enumerate(parts):
+        w[rank::world] = wr
+    return kept, w
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict[str, dict]:
+    return {}
+
+
+@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize("name", ["infobatch", "infobatch-all", "random", "rs2", "egreedy", "ucb", "seta"])
+def test_sharded_plans_and_weights_equal_the_unsharded_ones(name, world, reference):
+    if name not in reference:
+        reference[name] = spawn(_worker, 1, name, False, False)[0]
+    ref = reference[name]
+    results = spawn(_worker, world, name, True, False)
+    assert any(s["pruning"] or s["kept"] < N for s in ref["stats"])  # the policy pruned something
+    for epoch in range(EPOCHS):
+        kept, w = whole(results, epoch)
+        ref_kept, ref_w = ref["plans"][epoch]
+        assert kept == (None if ref_kept is None else set(ref_kept.tolist())), (name, epoch)
+        assert (w is None) == (ref_w is None) and (w is None or torch.equal(w, ref_w)), (name, epoch)
+    for r in results:  # the statistics (kept, threshold, ...) but the padding, which depends on the world
+        strip = [{k: v for k, v in s.items() if k not in ("padded", "dropped")} for s in r["stats"]]
+        assert strip == [{k: v for k, v in s.items() if k not in ("padded", "dropped")} for s in ref["stats"]]
+    for rank, r in enumerate(results):  # each rank holds its own rows of the same scores
+        torch.testing.assert_close(r["scores"], ref["scores"][rank::world], rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_every_kept_sample_is_trained_once_on_its_owner_with_equal_shard_lengths(drop_last):
+    world = 3
+    results = spawn(_worker, world, "random", True, drop_last)
+    for epoch in range(EPOCHS):
+        stats = results[0]["stats"][epoch]
+        lengths = [len(r["served"][epoch]) for r in results]
+        assert len(set(lengths)) == 1 and lengths[0] == results[0]["lengths"][epoch]  # equal shards
+        kept, _ = whole(results, epoch)
+        kept = set(range(N)) if kept is None else kept
+        for rank, r in enumerate(results):
+            assert all(i % world == rank for i in r["served"][epoch])  # owner-serves
+        served = [i for r in results for i in r["served"][epoch]]
+        if drop_last:  # truncated to the shortest shard: nothing twice, only the extras left out
+            assert len(served) == len(set(served)) and set(served) <= kept
+            assert len(kept) - len(served) == stats["dropped"]
+        else:  # every kept sample once; the padding repeats some
+            assert set(served) == kept and len(served) - len(kept) == stats["padded"]
+        assert lengths[0] % BS != 0 or epoch == 0  # a short last batch on every rank (no hang)
