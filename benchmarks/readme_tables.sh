@@ -46,3 +46,13 @@ fi
 leanbatch micro plan --sizes 1280000,10000000,100000000 --json "$OUT/micro-plan.json"
 leanbatch micro update --json "$OUT/micro-update.json"
 leanbatch micro select --json "$OUT/micro-select.json"
+# ... sharded scores and plans: 8 ranks simulated in turns at 100M samples (docs/results.md)
+mkdir -p "$OUT/sharded"
+leanbatch micro plan --world 8 --shard --sizes 100000000 --repeats 3 --json "$OUT/sharded/micro-plan-world8.json"
+leanbatch micro plan --sizes 100000000 --repeats 3 --json "$OUT/sharded/micro-plan-unsharded.json"
+# ... update() and planning against the commit before the distributed work, in one process
+python benchmarks/ab_update.py --ref 02b1ad1
+python benchmarks/ab_update.py --ref 02b1ad1 --plan 10000000 --rounds 5
+# ... the pruning methods on the quick preset (run at 2ce15d6 for keyed-before, cf4ab8e for keyed-after)
+leanbatch bench --quick --methods baseline,infobatch,random,ucb,rs2,seta,epsilon-greedy \
+  --budgets none --batch-budgets none --threads 1 --out "$OUT/keyed-after"
