@@ -261,16 +261,17 @@ def test_the_commands_of_existing_results_make_the_same_rows(path: Path) -> None
     row keeps every key (and value) its ``config.methods`` entry had, with the library's names beside."""
     import shlex
 
-    from leanbatch.bench.methods import GLOBAL_SETTINGS
-    from leanbatch.bench.presets import parse_budgets, resolve, with_budgets
+    from leanbatch.bench.presets import resolve
     from leanbatch.cli_args import build_parser
+    from leanbatch.cli_bench import bench_rows
 
     payload = json.loads(path.read_text())
     args = build_parser().parse_args(shlex.split(payload["command"])[1:])
-    given = {k: getattr(args, k) for k in ("data", "epochs", "seeds", "budgets", "model", "widths")}
-    opts = resolve("quick" if args.quick else args.preset, given)
-    defaults = {k: getattr(args, k) for k in GLOBAL_SETTINGS}
-    rows = with_budgets(parse_methods(args.methods, defaults, opts["epochs"]), parse_budgets(opts["budgets"]))
+    options = ("data", "epochs", "seeds", "budgets", "batch_budgets", "model", "widths")
+    opts = resolve("quick" if args.quick else args.preset, {k: getattr(args, k) for k in options})
+    if "batch_budgets" not in payload["config"]:  # written before batch budgets existed
+        opts["batch_budgets"] = "none"
+    rows = bench_rows(args, opts)
     old = payload["config"]["methods"]
     assert [r.label for r in rows] == [m["label"] for m in old]
     for row, entry in zip(rows, old, strict=True):

@@ -177,6 +177,20 @@ class _Job:
     unfinished: Path  # where saves go until the run completes (a result from before is only replaced then)
 
 
+def bench_rows(args: argparse.Namespace, opts: dict[str, Any]) -> list[MethodRow]:
+    """The rows a ``bench`` command trains: its methods, their twins (``--controls``), and the
+    baseline's step and batch budgets (``opts``: the options after the preset, :func:`resolve`)."""
+    from leanbatch.bench.controls import with_controls
+    from leanbatch.bench.methods import GLOBAL_SETTINGS, parse_methods
+    from leanbatch.bench.presets import parse_budgets, with_budgets
+
+    defaults = {k: getattr(args, k) for k in GLOBAL_SETTINGS}
+    rows = parse_methods(args.methods, defaults, opts["epochs"])
+    rows = with_controls(rows) if args.controls else rows
+    budgets = parse_budgets(opts["budgets"]), parse_budgets(opts["batch_budgets"], "--batch-budgets")
+    return with_budgets(rows, *budgets)
+
+
 def _bench_options(args: argparse.Namespace, world: World) -> _Job:
     """Every option checked, the data loaded and the rows built, before anything trains or is written;
     results.json's ``config``. Bad input is a :class:`CLIError` (or the data's, the methods' error):
@@ -184,11 +198,9 @@ def _bench_options(args: argparse.Namespace, world: World) -> _Job:
     import torch
 
     from leanbatch.bench.config import TrainConfig
-    from leanbatch.bench.controls import with_controls
     from leanbatch.bench.data import load_data
-    from leanbatch.bench.methods import GLOBAL_SETTINGS, parse_methods
     from leanbatch.bench.outputs import unfinished_path
-    from leanbatch.bench.presets import parse_budgets, resolve, with_budgets
+    from leanbatch.bench.presets import resolve
 
     if args.quick and args.preset not in (None, "quick"):
         raise CLIError(f"--quick and --preset {args.preset} conflict: give one of them")
@@ -199,11 +211,7 @@ def _bench_options(args: argparse.Namespace, world: World) -> _Job:
     if opts["epochs"] < 1:
         raise CLIError(f"--epochs must be >= 1, got {opts['epochs']}")
     check_training_options(args)
-    defaults = {k: getattr(args, k) for k in GLOBAL_SETTINGS}
-    rows = parse_methods(args.methods, defaults, opts["epochs"])
-    rows = with_controls(rows) if args.controls else rows
-    budgets = parse_budgets(opts["budgets"]), parse_budgets(opts["batch_budgets"], "--batch-budgets")
-    rows = with_budgets(rows, *budgets)
+    rows = bench_rows(args, opts)
     widths = _parse_widths(opts["widths"])
     device = resolve_device(args.device)
     if args.threads:
