@@ -56,3 +56,28 @@ python benchmarks/ab_update.py --ref 02b1ad1 --plan 10000000 --rounds 5
 # ... the pruning methods on the quick preset (run at 2ce15d6 for keyed-before, cf4ab8e for keyed-after)
 leanbatch bench --quick --methods baseline,infobatch,random,ucb,rs2,seta,epsilon-greedy \
   --budgets none --batch-budgets none --threads 1 --out "$OUT/keyed-after"
+
+if [ -d "$CIFAR" ]; then
+  # 7. The envelope and the twins (issue 16): CIFAR-10 at 12 epochs (3 seeds) and 20 epochs (2 seeds).
+  leanbatch bench --preset cifar10 --data "$CIFAR" --epochs 12 --seeds 0,1,2 --threads 1 --controls \
+    --budgets 0.5,0.7,0.85,1 --batch-budgets 0.5,0.7 --out "$OUT/cifar10-envelope-12ep" \
+    --methods 'baseline,infobatch,random,obs,obs[keep=0.7],obs-epoch,ucb,sb,rho-loss'
+  leanbatch bench --preset cifar10 --data "$CIFAR" --epochs 20 --seeds 0,1 --threads 1 --controls \
+    --budgets 0.5,0.7,0.85,1 --batch-budgets 0.5,0.7 --out "$OUT/cifar10-envelope-20ep" \
+    --methods 'baseline,obs,obs[keep=0.7]'
+  # ... the per-step synchronisation cost under torchrun (2 gloo processes)
+  OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 -m leanbatch bench --preset cifar10 --data "$CIFAR" \
+    --epochs 2 --seeds 0 --methods baseline,infobatch --budgets none --batch-budgets none --threads 1 \
+    --out "$OUT/torchrun-cifar10"
+fi
+if [ -f "$MNIST" ]; then
+  # 8. The envelope and the twins on full MNIST, 8 epochs, 3 seeds.
+  leanbatch bench --data "$MNIST" --epochs 8 --seeds 0,1,2 --threads 1 --controls \
+    --budgets 0.5,0.7,0.85,1 --batch-budgets 0.5,0.7 --out "$OUT/mnist-envelope-8ep" \
+    --methods 'baseline,infobatch,random,obs,obs[keep=0.7],obs-epoch,ucb,sb,rho-loss'
+fi
+# 9. The LR rule for smaller batches, both ways.
+for rule in same scaled; do
+  leanbatch bench --quick --controls --methods 'baseline,obs,obs[keep=0.7],sb' --lr-rule $rule --threads 1 \
+    --out "$OUT/lr-rule-$rule"
+done
