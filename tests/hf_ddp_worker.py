@@ -54,8 +54,11 @@ def main(out: str, save_steps: int = 0, resume: str | None = None, fsdp: bool = 
     torch.save(result, f"{out}/rank{trainer.args.process_index}.pt")
     import torch.distributed as dist
 
-    if dist.is_initialized():  # a gloo group left to the interpreter's exit can abort it
-        dist.destroy_process_group()
+    from leanbatch.bench.world import World
+
+    del trainer  # its DDP replica's reducer must go before the group (it aborted the exit otherwise)
+    if dist.is_initialized():  # a gloo group left to the interpreter's exit can abort it too
+        World(dist.get_world_size(), dist.get_rank()).close()  # collects, meets, leaves the group
 
 
 if __name__ == "__main__":

@@ -18,21 +18,26 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def torchrun(out: Path, *options: str) -> tuple[dict, dict]:
-    """``hf_ddp_worker.py OUT *options`` on 2 processes; what each saved."""
+def torchrun_on(nproc: int, out: Path, *options: str, timeout: float = 400) -> list[dict]:
+    """``hf_ddp_worker.py OUT *options`` on ``nproc`` processes; what each saved."""
     env = dict(
         os.environ, OMP_NUM_THREADS="1", PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", "")
     )
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
     run = subprocess.run(
         [*cmd, os.path.join(HERE, "hf_ddp_worker.py"), str(out), *options],
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=timeout,
     )
     assert run.returncode == 0, run.stderr[-3000:]
-    a, b = (torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(2))
+    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(nproc)]
+
+
+def torchrun(out: Path, *options: str) -> tuple[dict, dict]:
+    """``hf_ddp_worker.py OUT *options`` on 2 processes; what each saved."""
+    a, b = torchrun_on(2, out, *options, timeout=300)
     return a, b
 
 
@@ -91,23 +96,6 @@ def test_checkpoints_change_nothing_and_a_mid_epoch_resume_equals_the_uninterrup
     for x, y in zip(plain, resumed, strict=True):
         same_run(x, y, from_epoch=1)
         assert y["micro"] == [m for m in x["micro"] if m["step"] >= step]
-
-
-def torchrun_on(nproc: int, out: Path, *options: str) -> list[dict]:
-    """``hf_ddp_worker.py OUT *options`` on ``nproc`` processes; what each saved."""
-    env = dict(
-        os.environ, OMP_NUM_THREADS="1", PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", "")
-    )
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)]
-    run = subprocess.run(
-        [*cmd, os.path.join(HERE, "hf_ddp_worker.py"), str(out), *options],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    return [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(nproc)]
 
 
 @pytest.mark.parametrize("nproc", [1, 3])
