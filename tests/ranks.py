@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import datetime
+import gc
 import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
+import torch.distributed as dist
 import torch.multiprocessing as mp
 
 DEADLINE = 240.0  # seconds: far above any of these tests' run, far below a CI job's limit
@@ -27,3 +30,23 @@ def spawn_ranks(
         for p in ctx.processes:  # only the processes this test started
             if p.is_alive():
                 p.kill()
+
+
+def in_process_group(rank: int, world: int, init_file: str, body: Callable[..., None], *args: Any) -> None:
+    """Spawn target: ``body(rank, *args)`` inside a gloo group of ``world`` processes, left the way
+    ``World.close`` leaves it. ``body``'s locals (a DDP reducer, FSDP's hooks) die when it returns and
+    ``gc.collect`` takes those in reference cycles while the group still lives: one destroyed after its
+    group aborts the process at exit (``terminate called without an active exception``)."""
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{init_file}",
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=60),  # a collective nobody joins errors instead of hanging
+    )
+    try:
+        body(rank, *args)
+        gc.collect()
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()

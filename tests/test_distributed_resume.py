@@ -11,8 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
-from ranks import spawn_ranks
+from ranks import in_process_group, spawn_ranks
 from torch.utils.data import DataLoader, TensorDataset
 
 from leanbatch import InfoBatch
@@ -29,32 +28,28 @@ def make() -> InfoBatch:
     return InfoBatch(TensorDataset(torch.arange(N, dtype=torch.float32)), EPOCHS, 0.5, 0.75, seed=3)
 
 
-def _worker(rank: int, world: int, init: str, out: str, resume: str | None) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
-    try:
-        ds = make()
-        if resume is not None:
-            ds.load_state_dict(torch.load(resume, weights_only=True))
-        loader = DataLoader(ds, batch_size=BS, sampler=ds.sampler)
-        served: dict[int, list[int]] = {}
-        for epoch in range(ds.epoch, EPOCHS):
-            ds.set_epoch(epoch)
-            for k, (x,) in enumerate(loader):
-                served.setdefault(epoch, []).extend(x.long().tolist())
-                ds.update(loss_of(x, epoch))
-                if resume is None and (epoch, k + 1) == SAVE_AT and rank == 0:
-                    torch.save(ds.state_dict(), os.path.join(out, "ckpt.pt"))  # rank 0 alone, no sync
-        torch.save(
-            {"served": served, "stats": ds.epoch_stats, "scores": ds.scores.values.clone()},
-            os.path.join(out, f"{'resumed' if resume else 'full'}{rank}.pt"),
-        )
-    finally:
-        dist.destroy_process_group()
+def _worker(rank: int, out: str, resume: str | None) -> None:
+    ds = make()
+    if resume is not None:
+        ds.load_state_dict(torch.load(resume, weights_only=True))
+    loader = DataLoader(ds, batch_size=BS, sampler=ds.sampler)
+    served: dict[int, list[int]] = {}
+    for epoch in range(ds.epoch, EPOCHS):
+        ds.set_epoch(epoch)
+        for k, (x,) in enumerate(loader):
+            served.setdefault(epoch, []).extend(x.long().tolist())
+            ds.update(loss_of(x, epoch))
+            if resume is None and (epoch, k + 1) == SAVE_AT and rank == 0:
+                torch.save(ds.state_dict(), os.path.join(out, "ckpt.pt"))  # rank 0 alone, no sync
+    torch.save(
+        {"served": served, "stats": ds.epoch_stats, "scores": ds.scores.values.clone()},
+        os.path.join(out, f"{'resumed' if resume else 'full'}{rank}.pt"),
+    )
 
 
 def run(world: int, out: str, resume: str | None = None) -> list[dict[str, Any]]:
     with tempfile.TemporaryDirectory() as tmp:
-        spawn_ranks(_worker, (world, os.path.join(tmp, "init"), out, resume), world)
+        spawn_ranks(in_process_group, (world, os.path.join(tmp, "init"), _worker, out, resume), world)
     name = "resumed" if resume else "full"
     return [torch.load(os.path.join(out, f"{name}{r}.pt"), weights_only=False) for r in range(world)]
 
@@ -102,35 +97,31 @@ def test_a_two_rank_checkpoint_resumes_on_another_number_of_ranks(saved, world):
         assert {i for r in resumed for i in r["served"][e]} == {i for r in full for i in r["served"][e]}
 
 
-def _fsdp_worker(rank: int, world: int, init: str, out: str, sharded: bool) -> None:
+def _fsdp_worker(rank: int, out: str, sharded: bool) -> None:
     """A plain loop with InfoBatch over a model sharded by FSDP2 (``fully_shard``) or replicated by DDP."""
-    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
-    try:
-        from torch.distributed.fsdp import fully_shard
-        from torch.nn.parallel import DistributedDataParallel
+    from torch.distributed.fsdp import fully_shard
+    from torch.nn.parallel import DistributedDataParallel
 
-        torch.manual_seed(0)
-        model = torch.nn.Sequential(torch.nn.Linear(1, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
-        net = fully_shard(model) if sharded else DistributedDataParallel(model)
-        opt = torch.optim.SGD(net.parameters(), lr=0.05)
-        ds = make()
-        loader = DataLoader(ds, batch_size=BS, sampler=ds.sampler)
-        weights = []
-        for epoch in range(EPOCHS):
-            ds.set_epoch(epoch)
-            for (x,) in loader:
-                idx = ds.next_indices(len(x))
-                weights.append(ds.weights(idx).tolist())
-                loss = ds.update((net(x[:, None] / N).squeeze(1) - torch.sin(x)).pow(2))
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-        torch.save(
-            {"stats": ds.epoch_stats, "scores": ds.scores.values.clone(), "weights": weights},
-            os.path.join(out, f"{'fsdp' if sharded else 'ddp'}{rank}.pt"),
-        )
-    finally:
-        dist.destroy_process_group()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(1, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    net = fully_shard(model) if sharded else DistributedDataParallel(model)
+    opt = torch.optim.SGD(net.parameters(), lr=0.05)
+    ds = make()
+    loader = DataLoader(ds, batch_size=BS, sampler=ds.sampler)
+    weights = []
+    for epoch in range(EPOCHS):
+        ds.set_epoch(epoch)
+        for (x,) in loader:
+            idx = ds.next_indices(len(x))
+            weights.append(ds.weights(idx).tolist())
+            loss = ds.update((net(x[:, None] / N).squeeze(1) - torch.sin(x)).pow(2))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    torch.save(
+        {"stats": ds.epoch_stats, "scores": ds.scores.values.clone(), "weights": weights},
+        os.path.join(out, f"{'fsdp' if sharded else 'ddp'}{rank}.pt"),
+    )
 
 
 def test_pruning_weights_and_scores_are_exact_when_the_model_is_sharded_by_fsdp(tmp_path):
@@ -139,8 +130,8 @@ def test_pruning_weights_and_scores_are_exact_when_the_model_is_sharded_by_fsdp(
     runs = {}
     for sharded in (False, True):
         with tempfile.TemporaryDirectory() as tmp:
-            args = (2, os.path.join(tmp, "init"), str(tmp_path), sharded)
-            spawn_ranks(_fsdp_worker, args, 2)
+            args = (2, os.path.join(tmp, "init"), _fsdp_worker, str(tmp_path), sharded)
+            spawn_ranks(in_process_group, args, 2)
         name = "fsdp" if sharded else "ddp"
         runs[name] = [torch.load(tmp_path / f"{name}{r}.pt", weights_only=False) for r in range(2)]
     for ddp, fsdp in zip(runs["ddp"], runs["fsdp"], strict=True):

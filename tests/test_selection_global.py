@@ -5,7 +5,6 @@ chosen rows, a rank left without any included. Processes that outlive the deadli
 
 from __future__ import annotations
 
-import datetime
 import os
 import tempfile
 from collections.abc import Callable
@@ -13,9 +12,8 @@ from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn as nn
-from ranks import spawn_ranks
+from ranks import in_process_group, spawn_ranks
 from selection_helpers import READS
 from test_selection_oracles import exact_inclusion
 
@@ -37,20 +35,10 @@ FREQ_STEPS, FREQ_LOSSES = 2000, ([0.3, 0.1, 0.7, 0.5], [0.2, 0.8, 0.4, 0.6])  # 
 
 
 def spawn(worker: Callable[..., None], deadline: float = DEADLINE) -> list[Any]:
-    """Run ``worker(rank, init_file, out_dir)`` on WORLD processes; what each saved; fail on a hang."""
+    """Run ``worker(rank, out_dir)`` in a process group of WORLD processes; what each saved; fail on a hang."""
     with tempfile.TemporaryDirectory() as tmp:
-        spawn_ranks(worker, (os.path.join(tmp, "init"), tmp), WORLD, deadline)
+        spawn_ranks(in_process_group, (WORLD, os.path.join(tmp, "init"), worker, tmp), WORLD, deadline)
         return [torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(WORLD)]
-
-
-def init(rank: int, init_file: str) -> None:
-    dist.init_process_group(
-        "gloo",
-        init_method=f"file://{init_file}",
-        rank=rank,
-        world_size=WORLD,
-        timeout=datetime.timedelta(seconds=60),  # a collective nobody joins errors instead of hanging
-    )
 
 
 def loss_of_value(out: torch.Tensor, target: torch.Tensor, reduction: str = "none") -> torch.Tensor:
@@ -155,14 +143,10 @@ def _iterate(rank: int) -> dict[str, Any]:
     return {"sizes": sizes, "filled": sb.stats.filled, "refused": refused}
 
 
-def _selection_worker(rank: int, init_file: str, out_dir: str) -> None:
-    init(rank, init_file)
-    try:
-        out = {"steps": _steps(rank), "freq": _frequencies(rank), "reads": _reads(rank)}
-        out["iterate"] = _iterate(rank)
-        torch.save(out, os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
+def _selection_worker(rank: int, out_dir: str) -> None:
+    out = {"steps": _steps(rank), "freq": _frequencies(rank), "reads": _reads(rank)}
+    out["iterate"] = _iterate(rank)
+    torch.save(out, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
 @pytest.fixture(scope="module")
@@ -254,33 +238,27 @@ def linear() -> nn.Linear:
     return nn.Linear(3, 1)
 
 
-def _ddp_worker(rank: int, init_file: str, out_dir: str) -> None:
-    init(rank, init_file)
-    try:
-        model = nn.parallel.DistributedDataParallel(linear())
-        sb = SelectiveBackprop(
-            0.0, 1.0, 0.5, 1.0, 0, rule="top", scorer=hardness_of, seed=SEED, scope="global"
-        )
-        steps = []
-        for step in range(2):
-            sel = sb.select(ddp_batch(rank, step), model.module, progress=0.5, batch_idx=step)
-            x, y = sel.batch
-            loss = sb.step_loss((model(x).squeeze(1) - y) ** 2)  # DDP's backward runs on every rank
-            model.zero_grad()
-            loss.backward()
-            grads = [p.grad.detach().clone() for p in model.parameters()]
-            steps.append({"positions": sel.positions, "loss": loss.detach(), "grads": grads})
-        uneven = SelectiveBackprop(0.0, 1.0, 0.5, 1.0, 0, scorer=hardness_of, seed=SEED, scope="global")
-        x, y = ddp_batch(rank, 0)
-        try:  # rank 1 passes one row fewer: refused on both ranks at the first draw
-            uneven.select((x[: 4 - rank], y[: 4 - rank]), progress=0.5, batch_idx=0)
-            error = ""
-        except ValueError as e:
-            error = str(e)
-        out = {"steps": steps, "stats": sb.stats.as_dict(), "error": error}
-        torch.save(out, os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
+def _ddp_worker(rank: int, out_dir: str) -> None:
+    model = nn.parallel.DistributedDataParallel(linear())
+    sb = SelectiveBackprop(0.0, 1.0, 0.5, 1.0, 0, rule="top", scorer=hardness_of, seed=SEED, scope="global")
+    steps = []
+    for step in range(2):
+        sel = sb.select(ddp_batch(rank, step), model.module, progress=0.5, batch_idx=step)
+        x, y = sel.batch
+        loss = sb.step_loss((model(x).squeeze(1) - y) ** 2)  # DDP's backward runs on every rank
+        model.zero_grad()
+        loss.backward()
+        grads = [p.grad.detach().clone() for p in model.parameters()]
+        steps.append({"positions": sel.positions, "loss": loss.detach(), "grads": grads})
+    uneven = SelectiveBackprop(0.0, 1.0, 0.5, 1.0, 0, scorer=hardness_of, seed=SEED, scope="global")
+    x, y = ddp_batch(rank, 0)
+    try:  # rank 1 passes one row fewer: refused on both ranks at the first draw
+        uneven.select((x[: 4 - rank], y[: 4 - rank]), progress=0.5, batch_idx=0)
+        error = ""
+    except ValueError as e:
+        error = str(e)
+    out = {"steps": steps, "stats": sb.stats.as_dict(), "error": error}
+    torch.save(out, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
 def test_an_empty_rank_trains_its_hardest_row_with_weight_zero_and_ddp_trains_the_chosen_rows() -> None:
