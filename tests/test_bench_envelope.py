@@ -17,10 +17,10 @@ from leanbatch.bench.config import TrainConfig
 from leanbatch.bench.data import load_data
 from leanbatch.bench.envelope import envelope, envelope_at, seed_curves
 from leanbatch.bench.frontier import equal_time
+from leanbatch.bench.interleave import train_interleaved
 from leanbatch.bench.methods import parse_methods
 from leanbatch.bench.records import EpochRecord, RunResult
 from leanbatch.bench.report import read_results, rebuild
-from leanbatch.bench.train import train_interleaved
 
 # Per seed s, every accuracy is offset by OFFSETS[s]. The step family is concave, the batch family
 # (two batch budgets, then the full baseline, which both families share) rises later and faster:

@@ -9,10 +9,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from ranks import spawn_ranks
+from ranks import in_process_group, spawn_ranks
 from torch.utils.data import DataLoader, TensorDataset
 
 from leanbatch import InfoBatch, ScoreTable
+from leanbatch.rng import gather_step
 
 N, WORLD, EPOCHS = 203, 2, 3
 
@@ -204,3 +205,58 @@ def test_a_short_last_batch_and_unequal_selections_do_not_hang_the_ranks():
     scored = torch.isfinite(a["scores"]).nonzero().flatten().tolist()
     assert set(scored) == set(a["kept"]) | set(b["kept"])  # every trained row scored, on both ranks
     assert all(a["scores"][i] == i for i in scored)
+
+
+class _Counted:
+    """torch's all-gather into one tensor, counting its calls and the waits on their work."""
+
+    def __init__(self, gather: Callable[..., Any]) -> None:
+        self.gather, self.calls, self.waited = gather, 0, 0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        work = self.gather(*args, **kwargs)
+        counter = self
+
+        class Work:
+            def wait(self) -> bool:
+                counter.waited += 1
+                return work.wait() if work is not None else True
+
+        return Work()
+
+
+def _gather_worker(rank: int, out_dir: str) -> None:
+    name = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
+    counted = _Counted(getattr(dist, name))
+    setattr(dist, name, counted)  # the one all-gather torch has (both names: the same collective)
+    table = ScoreTable(8)
+    idx = torch.tensor([2 * rank, 2 * rank + 1])
+    table.store(idx, torch.tensor([[float("nan"), 3.0e38], [1e-45, 0.1]][rank]), across=True)
+    after_store = (counted.calls, counted.waited)
+    values = table.values.clone()  # a read flushes: the gather is awaited here
+    edge = gather_step(torch.tensor([2**53 - 1 - rank]), torch.tensor([-float("inf") if rank else 2.5]))()
+    torch.save(
+        {
+            "after_store": after_store,
+            "after_read": (counted.calls, counted.waited),
+            "values": values,
+            "edge": edge,
+        },
+        os.path.join(out_dir, f"rank{rank}.pt"),
+    )
+
+
+def test_a_steps_rows_travel_in_one_collective_awaited_only_when_the_scores_are_read():
+    """update()'s gather: one all-gather (not one per column), not waited for in the step; every
+    float32 loss (NaN, 3e38, denormals, infinities) and every index below 2**53 arrives exactly."""
+    with tempfile.TemporaryDirectory() as tmp:
+        spawn_ranks(in_process_group, (WORLD, os.path.join(tmp, "init"), _gather_worker, tmp), WORLD)
+        runs = [torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(WORLD)]
+    expect = torch.tensor([float("nan"), 3.0e38, 1e-45, 0.1, *[float("nan")] * 4])
+    for run in runs:
+        assert run["after_store"] == (1, 0) and run["after_read"] == (2, 2)
+        torch.testing.assert_close(run["values"], expect, equal_nan=True, rtol=0, atol=0)
+        idx, loss = run["edge"]
+        assert idx.dtype == torch.int64 and idx.tolist() == [2**53 - 1, 2**53 - 2]
+        assert loss.dtype == torch.float32 and loss.tolist() == [2.5, -float("inf")]

@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -35,6 +36,8 @@ __all__ = [
     "SHARED",
     "Generators",
     "all_gather_rows",
+    "gather_step",
+    "STEP_ROW_BYTES",
     "comm_device",
     "canonical_device",
     "initialized",
@@ -113,11 +116,53 @@ def all_gather_rows(t: torch.Tensor, group: Any = None) -> torch.Tensor:
     """
     if not is_distributed(group):
         return t
-    t = t.to(comm_device(group), non_blocking=True).contiguous()
+    out, work = _start_gather(t, group)
+    work.wait()  # NCCL: the current stream waits, not the host
+    return out
+
+
+def _start_gather(t: torch.Tensor, group: Any) -> tuple[torch.Tensor, Any]:
+    """Start all-gathering ``t`` on :func:`comm_device`: the output, and the work to wait on."""
+    dev = comm_device(group)
+    # To the CPU from a device: a blocking copy (gloo reads it on another thread); to CUDA: queued.
+    t = t.to(dev, non_blocking=dev.type != "cpu").contiguous()
     out = t.new_empty((world_size(group) * t.shape[0], *t.shape[1:]))
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    gather(out, t, group=group)
-    return out
+    return out, gather(out, t, group=group, async_op=True)
+
+
+STEP_ROW_BYTES = 16  # what one row of gather_step sends: an index and a loss, each as a float64
+
+
+def gather_step(
+    indices: torch.Tensor, losses: torch.Tensor, group: Any = None
+) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+    """Start gathering one step's rows (an index and a loss each) from every rank of ``group``.
+
+    Returns a call that waits for the gather and gives every rank's rows in rank order: int64
+    indices and float32 losses, on :func:`comm_device`. The two columns travel as one float64
+    tensor of shape (rows, 2), exact for any index below 2**53 and for every float32 loss (NaN and
+    infinities included): one collective a step, started without waiting, so it runs while the
+    caller goes on (the backward pass); on CUDA with NCCL the wait orders streams and never
+    blocks the host. Without a process group of several processes, the call gives the input back.
+
+    Example:
+        >>> import torch
+        >>> idx, loss = gather_step(torch.tensor([4, 2]), torch.tensor([0.5, float("nan")]))()
+        >>> idx.tolist(), loss.tolist()
+        ([4, 2], [0.5, nan])
+    """
+    if not is_distributed(group):
+        return lambda: (indices, losses)
+    dev = comm_device(group)  # float64 there (MPS has none); a blocking copy to the CPU (see _start_gather)
+    cols = [t.to(dev, non_blocking=dev.type != "cpu").to(torch.float64) for t in (indices, losses.detach())]
+    out, work = _start_gather(torch.stack(cols, 1), group)
+
+    def result() -> tuple[torch.Tensor, torch.Tensor]:
+        work.wait()
+        return out[:, 0].long(), out[:, 1].float()
+
+    return result
 
 
 def rank_seed(seed: int, rank: int, *more: int) -> int:

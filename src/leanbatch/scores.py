@@ -7,13 +7,14 @@ are skipped and counted, never stored, so a score is either a real loss or NaN.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from leanbatch.checks import check_per_sample_loss
-from leanbatch.rng import all_gather_rows, is_distributed
+from leanbatch.rng import gather_step, is_distributed, world_size
 from leanbatch.slices import Slice
 
 __all__ = ["ScoreTable", "check_per_sample_loss"]
@@ -80,8 +81,9 @@ class ScoreTable:
         self.ema = None if ema is None else float(ema)
         self._follow_device = device is None
         self.flush_every = 8192
-        # Queued writes: references, not copies (see store); with each its version counter.
-        self._pending: list[tuple[Tensor, Tensor, int, int]] = []
+        # Queued writes: calls giving (indices, losses) when flushed: references, not copies (see
+        # store), checked against their version counters; or a gather from every rank, awaited.
+        self._pending: list[Callable[[], tuple[Tensor, Tensor]]] = []
         self._pending_shared = False  # the queued writes were gathered from every rank (merged)
         self._pending_n = 0
         dev = torch.device("cpu") if device is None else torch.device(device)
@@ -175,9 +177,10 @@ class ScoreTable:
         int64 tensor on the table's device.
 
         ``across=True`` in a distributed run: every rank of ``group`` stores every rank's rows of
-        this step (two all-gathers: int64 indices, float32 losses; the same number of rows on
-        every rank), in rank order, so every rank holds the same table at every step and
-        nothing is left to merge.
+        this step (one all-gather of :func:`~leanbatch.rng.gather_step`, the same number of rows on
+        every rank), in rank order, so every rank holds the same table at every flush and
+        nothing is left to merge. The gather runs while the caller goes on (its backward pass);
+        the flush waits for it.
         """
         if self._follow_device and losses.device != self._values.device:
             self.to(losses.device)
@@ -186,15 +189,12 @@ class ScoreTable:
             self.check_indices(idx)
         loss = losses.detach()
         shared = across and is_distributed(group)
-        if shared:
-            loss = all_gather_rows(loss.to(torch.float32), group).to(self._values.device, non_blocking=True)
-            idx = all_gather_rows(idx, group).to(self._values.device, non_blocking=True)
         if shared != self._pending_shared:
             self.flush()  # gathered and local writes are flushed apart (only local ones await a merge)
             self._pending_shared = shared
         self._unmerged = self._unmerged or not shared
-        self._pending.append((idx, loss, idx._version, loss._version))
-        self._pending_n += idx.shape[0]
+        self._pending.append(gather_step(idx, loss, group) if shared else _unchanged(idx, loss))
+        self._pending_n += idx.shape[0] * (world_size(group) if shared else 1)
         if self._pending_n >= self.flush_every or self.ema is not None:
             self.flush()
         return idx
@@ -211,16 +211,12 @@ class ScoreTable:
         if not pending:
             return
         self._pending, self._pending_n = [], 0
-        for i, loss, iv, lv in pending:
-            if i._version != iv or loss._version != lv:
-                raise RuntimeError(
-                    "a loss or indices tensor passed to update() was modified in place before its scores "
-                    "were stored: modify a copy (e.g. loss = loss.clone()) after calling update()"
-                )
-        if len(pending) == 1:
-            idx, new = pending[0][0], pending[0][1]
+        rows = [queued() for queued in pending]
+        if len(rows) == 1:
+            idx, new = rows[0]
         else:
-            idx, new = torch.cat([p[0] for p in pending]), torch.cat([p[1] for p in pending])
+            idx, new = torch.cat([r[0] for r in rows]), torch.cat([r[1] for r in rows])
+        idx = idx.to(self._values.device, non_blocking=True)
         step = 1 << 23  # bounded scratch (see _last_write); parts apply in order
         for start in range(0, idx.numel(), step):
             self._write(idx[start : start + step], new[start : start + step])
@@ -396,3 +392,18 @@ class ScoreTable:
         # now on (treating the loaded scores as written would average them into fresh losses).
         self._touched = torch.zeros(self.slice.size + 1, dtype=torch.bool, device=self._values.device)
         self._nonfinite = torch.tensor(nonfinite, device=self._values.device)
+
+
+def _unchanged(idx: Tensor, loss: Tensor) -> Callable[[], tuple[Tensor, Tensor]]:
+    """A queued local write: ``(idx, loss)`` when flushed, refused if either was modified in place."""
+    versions = idx._version, loss._version
+
+    def result() -> tuple[Tensor, Tensor]:
+        if (idx._version, loss._version) != versions:
+            raise RuntimeError(
+                "a loss or indices tensor passed to update() was modified in place before its scores "
+                "were stored: modify a copy (e.g. loss = loss.clone()) after calling update()"
+            )
+        return idx, loss
+
+    return result

@@ -154,3 +154,13 @@ def snapshot_epochs(policy: Policy | None, epochs: int, count: int) -> set[int]:
         return {last}
     picks = {1 + (k * (last - 1)) // (count - 1) for k in range(count)}
     return {p for p in picks if 1 <= p <= last}
+
+
+def probe_step(net: nn.Module, x: Tensor, y: Tensor, channels_last: bool) -> None:
+    """One training step's forward and backward on ``x``, ``y``, the weights left as they were (the
+    gradients cleared, no optimizer step): what :meth:`~leanbatch.bench.world.World.time_overlap`
+    times the score gather against."""
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    F.cross_entropy(net(x), y).backward()
+    net.zero_grad(set_to_none=True)

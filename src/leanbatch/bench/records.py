@@ -57,6 +57,7 @@ class RunResult:
     # samples, and cost, one such sample pass's FLOPs as a share of the main model's.
     setup: dict[str, float] | None = None
     gather_time: float = 0.0  # seconds of one step's score gather, ranks aligned (torchrun, pruning rows)
+    overlap_time: float = 0.0  # seconds the gather adds to a training step it overlaps (the same rows)
 
     @property
     def final_acc(self) -> float:
@@ -107,6 +108,7 @@ class RunResult:
             "batch": self.batch,
             "setup": self.setup,
             "gather_time_s": self.gather_time,
+            "overlap_time_s": self.overlap_time,
             "steps": sum(e.steps for e in self.epochs),
             "final_test_acc": self.final_acc,
             "train_time_s": self.train_time,

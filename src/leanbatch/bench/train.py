@@ -27,8 +27,8 @@ With BatchNorm in the model, an epoch's last batch of one sample is left out (co
 ``EpochRecord.dropped``). The clock runs only around training (planning an epoch included);
 evaluation on the test split after every epoch is not timed.
 
-:func:`train_interleaved` runs the methods of one seed side by side, an epoch of each in turn,
-so that a busy spell of a shared machine slows all of them alike.
+:func:`~leanbatch.bench.interleave.train_interleaved` runs the methods of one seed side by side,
+an epoch of each in turn, so that a busy spell of a shared machine slows all of them alike.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
@@ -47,13 +48,14 @@ from torch import Tensor
 from leanbatch.bench.config import TrainConfig, budget_steps, has_batchnorm
 from leanbatch.bench.data import DataSplit
 from leanbatch.bench.loop_parts import augment as augment_batch
-from leanbatch.bench.loop_parts import evaluate, histogram, load_avg, snapshot_epochs, warm_up
+from leanbatch.bench.loop_parts import evaluate, histogram, load_avg, probe_step, snapshot_epochs, warm_up
 from leanbatch.bench.methods import MethodRow
 from leanbatch.bench.records import EpochRecord, RunResult
 from leanbatch.bench.selecting import Picked, Selection
 from leanbatch.bench.world import ALONE, World
 from leanbatch.infobatch import InfoBatch
 from leanbatch.progress import training_progress
+from leanbatch.rng import STEP_ROW_BYTES
 from leanbatch.schedule import ProgressLR, cosine
 
 __all__ = [
@@ -61,8 +63,6 @@ __all__ = [
     "EpochRecord",
     "RunResult",
     "Trainer",
-    "train_run",
-    "train_interleaved",
     "evaluate",
     "warm_up",
     "budget_steps",
@@ -149,7 +149,7 @@ class Trainer:
         self.train_time = 0.0 if setup is None else setup["time_s"]
         self.train_cpu = 0.0 if setup is None else setup["cpu_time_s"]
         self.eval_time = 0.0
-        self.gather_time = 0.0
+        self.gather_time = self.overlap_time = 0.0
         self.load_avg = [load_avg()]
 
     @property
@@ -248,8 +248,8 @@ class Trainer:
         loss = self._loss(per_sample, idx, picked)
         if self.ds is not None:  # the update, with its per-step score gather under torchrun
             tally.update_time += time.perf_counter() - t_update
-            # every rank gathers each rank's batch rows: int64 indices and float32 scores
-            tally.gathered += 0 if self.world.size == 1 else self.world.size * idx.numel() * 12
+            # every rank gathers each rank's batch rows (one float64 index and loss each)
+            tally.gathered += 0 if self.world.size == 1 else self.world.size * idx.numel() * STEP_ROW_BYTES
         tally.lr = self.opt.param_groups[0]["lr"]
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -313,8 +313,11 @@ class Trainer:
         self.eval_time += time.perf_counter() - t1
         if self.done:
             self.load_avg.append(load_avg())
-            if self.ds is not None:  # what a step's score gather costs alone (untimed; 0 in one process)
-                self.gather_time = self.world.time_gather(self.local.batch_size)
+            if self.ds is not None:  # what a step's score gather costs (untimed; 0 in one process)
+                bs, x, y = self.local.batch_size, self.x_train, self.y_train
+                self.gather_time = self.world.time_gather(bs)
+                probe = partial(probe_step, self.net, x[:bs], y[:bs], self.cfg.channels_last)
+                self.overlap_time = self.world.time_overlap(probe, bs)
         return record
 
     def _evaluate(self) -> tuple[float, float]:
@@ -344,83 +347,5 @@ class Trainer:
             batch=self.row.batch,
             setup=None if self.select is None else self.select.setup,
             gather_time=self.gather_time,
+            overlap_time=self.overlap_time,
         )
-
-
-# ---------------------------------------------------------------------------- runs
-def train_run(
-    data: DataSplit,
-    row: MethodRow,
-    seed: int,
-    cfg: TrainConfig,
-    progress_bar: Callable[..., Any] | None = None,
-    world: World = ALONE,
-) -> RunResult:
-    """Train one fresh model with ``row`` and ``seed``; evaluate after every epoch.
-
-    ``progress_bar(total=..., desc=...)`` makes a tqdm-like bar (``update``, ``set_postfix_str``,
-    ``close``); None shows nothing. A ``KeyboardInterrupt`` propagates: the run is discarded.
-
-    Example:
-        >>> from leanbatch.bench.data import load_data
-        >>> from leanbatch.bench.methods import parse_methods
-        >>> run = train_run(load_data("digits", 64, 16), parse_methods("sb")[0], 0, TrainConfig(epochs=2, batch_size=16, widths=(4,)))
-        >>> len(run.epochs), run.totals()["backward_fraction"] < 1.0
-        (2, True)
-        >>> torch.set_flush_denormal(False)
-        True
-    """
-    return train_interleaved(data, [row], seed, cfg, progress_bar, world)[0]
-
-
-def train_interleaved(
-    data: DataSplit,
-    rows: list[MethodRow],
-    seed: int,
-    cfg: TrainConfig,
-    progress_bar: Callable[..., Any] | None = None,
-    world: World = ALONE,
-) -> list[RunResult]:
-    """Train one run per row at ``seed``, alternating between them epoch by epoch.
-
-    On a machine that also runs other work, a slow spell then slows every method alike instead
-    of the one that happened to be running. Results are those of separate runs.
-
-    Runs of different lengths (budget baselines) are spread over the same span: the next epoch
-    always goes to the run whose next epoch is the least far along its own training (by the
-    middle of that epoch, as a fraction of the run's length), so a run half as long trains about
-    every other round, from the start of the seed to its end, instead of all of its epochs
-    first; with equal lengths this is plain round-robin in the given order. Under torchrun
-    (``world``, :mod:`~leanbatch.bench.world`) every rank trains the same sequence of epochs.
-
-    Example:
-        >>> from leanbatch.bench.data import load_data
-        >>> from leanbatch.bench.methods import parse_methods
-        >>> rows = parse_methods("baseline,baseline[budget=0.5],random")
-        >>> runs = train_interleaved(load_data("digits", 64, 16), rows, 0, TrainConfig(epochs=2, batch_size=16, widths=(4,)))
-        >>> [(r.label, sum(e.steps for e in r.epochs)) for r in runs]
-        [('baseline', 8), ('baseline[budget=0.5]', 4), ('random', 8)]
-        >>> torch.set_flush_denormal(False)
-        True
-    """
-    trainers = [Trainer(data, row, seed, cfg, world) for row in rows]
-    bars = [
-        progress_bar(total=t.num_epochs, desc=f"{t.row.label} seed {seed}", position=k)
-        if progress_bar
-        else None
-        for k, t in enumerate(trainers)
-    ]
-    try:
-        while not all(t.done for t in trainers):
-            k = min(
-                (k for k, t in enumerate(trainers) if not t.done), key=lambda k: trainers[k].next_midpoint
-            )
-            bar = bars[k]
-            rec = trainers[k].run_epoch(None if bar is None else bar.update)
-            if bar is not None:
-                bar.set_postfix_str(f"acc {rec.test_acc:.2f}%")
-    finally:
-        for bar in bars:
-            if bar is not None:
-                bar.close()
-    return [t.result() for t in trainers]

@@ -29,6 +29,7 @@ import gc
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -36,7 +37,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from leanbatch.bench.config import TrainConfig
-from leanbatch.rng import all_gather_rows
+from leanbatch.rng import gather_step
 
 __all__ = ["ALONE", "World"]
 
@@ -116,10 +117,10 @@ class World:
         return t.tolist()
 
     def time_gather(self, rows: int, repeats: int = 50) -> float:
-        """Seconds of one step's score gather of ``rows`` rows a rank (the two all-gathers of
-        :meth:`~leanbatch.InfoBatch.update`: int64 indices, float32 scores), the ranks aligned first:
-        the collective alone, without the wait for a slower rank (0 alone). The slowest rank's mean
-        over ``repeats``.
+        """Seconds of one step's score gather of ``rows`` rows a rank (the all-gather of
+        :meth:`~leanbatch.InfoBatch.update`, :func:`~leanbatch.rng.gather_step`, started and waited
+        for at once: none of it overlapped), the ranks aligned first: the collective alone, without
+        the wait for a slower rank (0 alone). The slowest rank's mean over ``repeats``.
         """
         if self.size == 1:
             return 0.0
@@ -127,10 +128,31 @@ class World:
         self.barrier()
         t0 = time.perf_counter()
         for _ in range(repeats):
-            all_gather_rows(indices)
-            all_gather_rows(scores)
+            gather_step(indices, scores)()
         (elapsed,) = self.max([time.perf_counter() - t0])  # NCCL: max reads the result, so it waits
         return elapsed / repeats
+
+    def time_overlap(self, step: Callable[[], object], rows: int, pairs: int = 150) -> float:
+        """Seconds one step's score gather of ``rows`` rows a rank adds to a training ``step`` (a
+        forward and backward, DDP's all-reduce included) when it runs as in training: started
+        before the step, awaited after it. ``step`` runs ``pairs`` times alone and as many times
+        with the gather, alternating, the ranks aligned before each; the slowest rank's mean
+        difference (0 alone; within noise it can come out below 0).
+        """
+        if self.size == 1:
+            return 0.0
+        indices, scores = torch.zeros(rows, dtype=torch.int64), torch.zeros(rows)
+        spent = [0.0, 0.0]
+        for i in range(2 * pairs):
+            self.barrier()
+            t0 = time.perf_counter()
+            result = gather_step(indices, scores) if i % 2 else None
+            step()
+            if result is not None:
+                result()
+            spent[i % 2] += time.perf_counter() - t0
+        (added,) = self.max([(spent[1] - spent[0]) / pairs])
+        return added
 
     def check_same(self, model: nn.Module, what: str) -> None:
         """``RuntimeError`` unless ``model``'s parameters agree on every rank (a float64 checksum compared
