@@ -58,13 +58,19 @@ leanbatch bench --quick --methods baseline,infobatch,random,ucb,rs2,seta,epsilon
   --budgets none --batch-budgets none --threads 1 --out "$OUT/keyed-after"
 
 if [ -d "$CIFAR" ]; then
-  # 7. The envelope and the twins (issue 16): CIFAR-10 at 12 epochs (3 seeds) and 20 epochs (2 seeds).
+  # 7. The envelope and the twins (issue 16): CIFAR-10 at 12 epochs and at 20 epochs, 3 seeds each.
   leanbatch bench --preset cifar10 --data "$CIFAR" --epochs 12 --seeds 0,1,2 --threads 1 --controls \
     --budgets 0.5,0.7,0.85,1 --batch-budgets 0.5,0.7 --out "$OUT/cifar10-envelope-12ep" \
     --methods 'baseline,infobatch,random,obs,obs[keep=0.7],obs-epoch,ucb,sb,rho-loss'
-  leanbatch bench --preset cifar10 --data "$CIFAR" --epochs 20 --seeds 0,1 --threads 1 --controls \
-    --budgets 0.5,0.7,0.85,1 --batch-budgets 0.5,0.7 --out "$OUT/cifar10-envelope-20ep" \
-    --methods 'baseline,obs,obs[keep=0.7]'
+  # 20 epochs, 3 seeds, in two parts (one per core), merged into one report
+  for part in "0 0,1 a" "1 2 b"; do
+    set -- $part
+    taskset -c "$1" leanbatch bench --preset cifar10 --data "$CIFAR" --epochs 20 --seeds "$2" --threads 1 \
+      --controls --budgets 0.5,0.7,0.85,1 --batch-budgets 0.5,0.7 --out "$OUT/cifar10-20ep-$3" \
+      --methods 'baseline,infobatch,random,obs,obs[keep=0.7],obs-epoch,ucb,sb' &
+  done
+  wait
+  leanbatch report "$OUT/cifar10-20ep-a" "$OUT/cifar10-20ep-b" --out "$OUT/cifar10-envelope-20ep"
   # ... the per-step synchronisation cost under torchrun (2 gloo processes)
   OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 -m leanbatch bench --preset cifar10 --data "$CIFAR" \
     --epochs 2 --seeds 0 --methods baseline,infobatch --budgets none --batch-budgets none --threads 1 \

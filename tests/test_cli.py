@@ -230,6 +230,36 @@ def test_report_recomputes_from_the_runs(
     assert not (tmp_path / "again" / "equal_time.png").exists()
 
 
+def test_report_merges_the_seeds_of_one_bench_run_in_parts(
+    tiny_run: tuple[int, str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bench split by seed (one invocation per core or machine) reports as the whole; parts that
+    are not one bench, or that hold a seed twice, are refused naming the files."""
+    whole = json.loads((tiny_run[2] / "results.json").read_text())
+    parts = []
+    for seed in (1, 0):
+        part = {**whole, "config": {**whole["config"], "seeds": [seed]}}
+        part["runs"] = [r for r in whole["runs"] if r["seed"] == seed]
+        parts.append(tmp_path / f"seed{seed}.json")
+        parts[-1].write_text(json.dumps(part))
+    code, _, err = _run(["report", *map(str, parts), "--out", str(tmp_path / "merged"), "--no-plots"], capsys)
+    merged = json.loads((tmp_path / "merged" / "results.json").read_text())
+    assert code == 0, err
+    for key in ("summary", "equal_time", "envelope", "controls"):
+        assert merged[key] == whole[key], key
+    assert merged["config"]["seeds"] == [0, 1] and [m["seeds"] for m in merged["merged_from"]] == [[1], [0]]
+    code, _, err = _run(["report", *map(str, parts)], capsys)
+    assert code == 2 and "--out" in err
+    code, _, err = _run(["report", str(parts[0]), str(parts[0]), "--out", str(tmp_path / "twice")], capsys)
+    assert code == 2 and "seed 1" in err and "seed1.json" in err
+    other = tmp_path / "other.json"
+    other.write_text(
+        json.dumps({**json.loads(parts[1].read_text()), "config": {**whole["config"], "epochs": 9}})
+    )
+    code, _, err = _run(["report", str(parts[0]), str(other), "--out", str(tmp_path / "other")], capsys)
+    assert code == 2 and "epochs differ" in err and "other.json" in err
+
+
 @pytest.mark.parametrize(
     ("content", "needle"),
     [

@@ -33,23 +33,30 @@ def run_report(args: argparse.Namespace) -> int:
     """
     from leanbatch.bench.outputs import REPORT_KEY, check_report_folder, report_folder, results_file
     from leanbatch.bench.plots import PLOT_NAMES
-    from leanbatch.bench.report import read_results, rebuild
+    from leanbatch.bench.report import merge_results, read_results, rebuild
 
-    source = results_file(Path(args.results))
+    sources = [results_file(Path(r)) for r in args.results]
+    source = sources[0]
+    if len(sources) > 1 and not args.out:
+        raise CLIError("several results merge into one report: give --out a folder for it")
     try:
-        payload = rebuild(read_results(source))
+        payloads = [read_results(s) for s in sources]
+        payload = rebuild(
+            payloads[0] if len(sources) == 1 else merge_results(payloads, [str(s) for s in sources])
+        )
     except ValueError as e:
         raise CLIError(str(e)) from None
     except (KeyError, TypeError) as e:
         raise CLIError(f"{source}: a results.json without the runs' details ({e})") from None
     payload["config"]["clock"] = args.clock
-    payload[REPORT_KEY] = str(source)
+    payload[REPORT_KEY] = str(source) if len(sources) == 1 else [str(s) for s in sources]
     out = Path(args.out) if args.out else report_folder(source)
     try:
         if out.exists() and not out.is_dir():
             raise CLIError(f"--out {out} exists and is not a folder")
         out.mkdir(parents=True, exist_ok=True)
-        check_report_folder(out, source, PLOT_NAMES)
+        for s in sources:
+            check_report_folder(out, s, PLOT_NAMES)
     except OSError as e:
         raise CLIError(f"cannot write {out}: {e.strerror or e}") from None
     except ValueError as e:

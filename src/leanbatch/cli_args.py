@@ -224,7 +224,12 @@ def build_parser() -> argparse.ArgumentParser:
         "It never writes over its input or a file another command wrote.",
         formatter_class=_Formatter,
     )
-    r.add_argument("results", help="a results.json, or the folder that holds it")
+    r.add_argument(
+        "results",
+        nargs="+",
+        help="a results.json, or the folder that holds it; several (one bench run on other --seeds, e.g. "
+        "one per core) merge into one report, written to --out",
+    )
     r.add_argument(
         "--out",
         default=None,

@@ -61,6 +61,7 @@ __all__ = [
     "write_results",
     "read_results",
     "rebuild",
+    "merge_results",
     "versions",
 ]
 
@@ -163,7 +164,7 @@ def build_results(
     data: dict[str, Any],
     tolerance: float,
     interrupted: bool = False,
-    command: str | None = None,
+    command: str | list[str] | None = None,
 ) -> dict[str, Any]:
     """The whole results.json payload: schema, config, versions, data, summary rows (each naming its
     uniform twin's row in ``control``, or null), the equal-time, envelope, controls and sync sections,
@@ -230,6 +231,7 @@ def rebuild(payload: dict[str, Any]) -> dict[str, Any]:
             batch=r.get("batch", 1.0),
             setup=r.get("setup"),
             gather_time=r.get("gather_time_s", 0.0),
+            overlap_time=r.get("overlap_time_s", 0.0),
         )
         for r in payload["runs"]
     ]
@@ -250,4 +252,67 @@ def rebuild(payload: dict[str, Any]) -> dict[str, Any]:
         payload.get("command"),
     )
     new["versions"] = payload.get("versions", new["versions"])
+    if "merged_from" in payload:
+        new["merged_from"] = payload["merged_from"]
     return new
+
+
+def merge_results(payloads: Sequence[dict[str, Any]], sources: Sequence[str]) -> dict[str, Any]:
+    """One payload from several benches of one command on other seeds (e.g. one per core or machine).
+
+    Their configurations (but the seeds) and data must agree, and no two may hold a run of the same
+    method and seed: otherwise ``ValueError`` naming the files and what differs. The result holds
+    every run, the union of the seeds, the list of the commands, and ``merged_from`` (each source,
+    its command, seeds and versions), the runs ordered by seed as one bench of every seed orders them;
+    :func:`rebuild` then computes its tables. Each seed's runs
+    come from one invocation, so its time ratios are from one machine's run.
+
+    Example:
+        >>> runs = [RunResult("baseline", "baseline", s, 10, [EpochRecord(0, 1.0, 1.0, 90.0 + s, 0.3, 0.3, 1, 10, 10, 0, 10, 0.0)]) for s in (0, 1)]
+        >>> a, b = (build_results([r], {"epochs": 1, "seeds": [r.seed], "methods": []}, {"num_train": 10}, 0.2) for r in runs)
+        >>> merged = rebuild(merge_results([a, b], ["a.json", "b.json"]))
+        >>> merged["config"]["seeds"], merged["summary"][0]["acc_mean"], [m["seeds"] for m in merged["merged_from"]]
+        ([0, 1], 90.5, [[0], [1]])
+    """
+    first, name = payloads[0], sources[0]
+    seen: dict[tuple[str, int], str] = {}
+    for payload, source in zip(payloads, sources, strict=True):
+        if payload["data"] != first["data"]:
+            raise ValueError(f"{source} and {name} trained on different data: only one bench's seeds merge")
+        a, b = _bench_of(first), _bench_of(payload)
+        differ = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+        if differ:
+            raise ValueError(
+                f"{source} and {name} ran different benches ({', '.join(differ)} differ in their config): "
+                "only runs of one command on other --seeds merge"
+            )
+        for run in payload["runs"]:
+            key = (run["method"], run["seed"])
+            if key in seen:
+                raise ValueError(
+                    f"{source} and {seen[key]} both hold {key[0]} with seed {key[1]}: merge other seeds"
+                )
+            seen[key] = source
+    return {
+        **first,
+        "command": [p.get("command") for p in payloads],
+        "interrupted": any(p.get("interrupted", False) for p in payloads),
+        "config": {**first["config"], "seeds": sorted({s for p in payloads for s in p["config"]["seeds"]})},
+        "runs": sorted(
+            (run for p in payloads for run in p["runs"]), key=lambda run: run["seed"]
+        ),  # as one bench
+        "merged_from": [
+            {
+                "source": str(s),
+                "command": p.get("command"),
+                "seeds": p["config"]["seeds"],
+                "versions": p.get("versions"),
+            }
+            for p, s in zip(payloads, sources, strict=True)
+        ],
+    }
+
+
+def _bench_of(payload: dict[str, Any]) -> dict[str, Any]:
+    """The configuration that makes a bench the same bench: all but the seeds and the report's clock."""
+    return {k: v for k, v in payload["config"].items() if k not in ("seeds", "clock")}
