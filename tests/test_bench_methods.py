@@ -266,18 +266,20 @@ def test_the_commands_of_existing_results_make_the_same_rows(path: Path) -> None
     from leanbatch.cli_bench import bench_rows
 
     payload = json.loads(path.read_text())
-    args = build_parser().parse_args(shlex.split(payload["command"])[1:])
-    options = ("data", "epochs", "seeds", "budgets", "batch_budgets", "model", "widths")
-    opts = resolve("quick" if args.quick else args.preset, {k: getattr(args, k) for k in options})
-    if "batch_budgets" not in payload["config"]:  # written before batch budgets existed
-        opts["batch_budgets"] = "none"
-    rows = bench_rows(args, opts)
-    old = payload["config"]["methods"]
-    assert [r.label for r in rows] == [m["label"] for m in old]
-    for row, entry in zip(rows, old, strict=True):
-        new = row.config()
-        assert {k: new[k] for k in entry} == entry
-        assert new["settings"] == dict(row.settings)
+    command = payload["command"]  # a list in a report merged from parts: each part's command
+    for line in command if isinstance(command, list) else [command]:
+        args = build_parser().parse_args(shlex.split(line)[1:])
+        options = ("data", "epochs", "seeds", "budgets", "batch_budgets", "model", "widths")
+        opts = resolve("quick" if args.quick else args.preset, {k: getattr(args, k) for k in options})
+        if "batch_budgets" not in payload["config"]:  # written before batch budgets existed
+            opts["batch_budgets"] = "none"
+        rows = bench_rows(args, opts)
+        old = payload["config"]["methods"]
+        assert [r.label for r in rows] == [m["label"] for m in old]
+        for row, entry in zip(rows, old, strict=True):
+            new = row.config()
+            assert {k: new[k] for k in entry} == entry
+            assert new["settings"] == dict(row.settings)
 
 
 @pytest.mark.parametrize("path", _commands(), ids=lambda p: p.parent.name)
