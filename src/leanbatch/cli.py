@@ -47,7 +47,8 @@ def run_report(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise CLIError(str(e)) from None
     except (KeyError, TypeError) as e:
-        raise CLIError(f"{source}: a results.json without the runs' details ({e})") from None
+        names = ", ".join(str(s) for s in sources)
+        raise CLIError(f"{names}: a results.json without the runs' details ({e})") from None
     payload["config"]["clock"] = args.clock
     payload[REPORT_KEY] = str(source) if len(sources) == 1 else [str(s) for s in sources]
     out = Path(args.out) if args.out else report_folder(source)

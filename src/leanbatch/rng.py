@@ -123,12 +123,16 @@ def all_gather_rows(t: torch.Tensor, group: Any = None) -> torch.Tensor:
 
 def _start_gather(t: torch.Tensor, group: Any) -> tuple[torch.Tensor, Any]:
     """Start all-gathering ``t`` on :func:`comm_device`: the output, and the work to wait on."""
-    dev = comm_device(group)
-    # To the CPU from a device: a blocking copy (gloo reads it on another thread); to CUDA: queued.
-    t = t.to(dev, non_blocking=dev.type != "cpu").contiguous()
+    t = _to_comm(t, comm_device(group)).contiguous()
     out = t.new_empty((world_size(group) * t.shape[0], *t.shape[1:]))
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     return out, gather(out, t, group=group, async_op=True)
+
+
+def _to_comm(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
+    """``t`` on the collectives' device ``dev``: to the CPU from a device, a blocking copy (gloo reads
+    it on another thread); to CUDA, queued on the stream."""
+    return t.to(dev, non_blocking=dev.type != "cpu")
 
 
 STEP_ROW_BYTES = 16  # what one row of gather_step sends: an index and a loss, each as a float64
@@ -154,8 +158,8 @@ def gather_step(
     """
     if not is_distributed(group):
         return lambda: (indices, losses)
-    dev = comm_device(group)  # float64 there (MPS has none); a blocking copy to the CPU (see _start_gather)
-    cols = [t.to(dev, non_blocking=dev.type != "cpu").to(torch.float64) for t in (indices, losses.detach())]
+    dev = comm_device(group)  # float64 there: MPS has none
+    cols = [_to_comm(t, dev).to(torch.float64) for t in (indices, losses.detach())]
     out, work = _start_gather(torch.stack(cols, 1), group)
 
     def result() -> tuple[torch.Tensor, torch.Tensor]:

@@ -298,9 +298,8 @@ def merge_results(payloads: Sequence[dict[str, Any]], sources: Sequence[str]) ->
         "command": [p.get("command") for p in payloads],
         "interrupted": any(p.get("interrupted", False) for p in payloads),
         "config": {**first["config"], "seeds": sorted({s for p in payloads for s in p["config"]["seeds"]})},
-        "runs": sorted(
-            (run for p in payloads for run in p["runs"]), key=lambda run: run["seed"]
-        ),  # as one bench
+        # ordered by seed, as one bench of every seed orders its runs (stable within a seed)
+        "runs": sorted((run for p in payloads for run in p["runs"]), key=lambda run: run["seed"]),
         "merged_from": [
             {
                 "source": str(s),

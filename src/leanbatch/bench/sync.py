@@ -91,7 +91,7 @@ def format_sync(section: dict[str, Any]) -> str:
     for r in section["rows"]:
         share = "-" if r["share"] is None else f"{100 * r['share']:.2f}%"
         lines.append(
-            f"| {r['method']} | {r['bytes_per_step']:,.0f} | {r['gather_ms']:.3f} | {r.get('overlap_ms', 0.0):.3f} "
+            f"| {r['method']} | {r['bytes_per_step']:,.0f} | {r['gather_ms']:.3f} | {r['overlap_ms']:.3f} "
             f"| {r['update_ms']:.3f} "
             f"| {r['step_ms']:.2f} | {share} |"
         )
