@@ -112,13 +112,20 @@ def test_the_synchronisation_cost_is_reported(both: tuple[dict[str, Any], dict[s
     assert row["gather_ms"] > 0 and row["step_ms"] > 0  # the overlapped cost can come out below 0 in noise
     assert row["share"] == pytest.approx(row["overlap_ms"] / row["step_ms"]) and math.isfinite(row["share"])
     assert run["overlap_time_s"] == pytest.approx(row["overlap_ms"] / 1000)
+    # the rows rode DDP's gradient all-reduce, and the all-gather they replace was measured beside them
+    assert row["carried_share"] == run["carried_share"] == 1.0
+    assert math.isfinite(row["gather_overlap_ms"]) and row["gather_overlap_ms"] != row["overlap_ms"]
     (alone,) = one["sync"]["rows"]
     assert (
         alone["bytes_per_step"] == 0
-        and alone["gather_ms"] == alone["overlap_ms"] == 0
+        and alone["gather_ms"]
+        == alone["overlap_ms"]
+        == alone["gather_overlap_ms"]
+        == alone["carried_share"]
+        == 0
         and alone["update_ms"] > 0
     )
-    assert "per-step cost of InfoBatch.update (torchrun, 2 processes" in stdout
+    assert "per-step cost of InfoBatch.update (torchrun, 2 processes; the rows ride DDP's gradient" in stdout
 
 
 def test_replicas_that_drift_apart_stop_the_bench(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ batches stay the user's own items; no torch internals are patched.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
@@ -20,6 +20,9 @@ from leanbatch.record import Position, TrainingRecord
 from leanbatch.sampler import PrunedSampler
 from leanbatch.scores import ScoreTable
 from leanbatch.state import record_state
+
+if TYPE_CHECKING:
+    from leanbatch.carrier import ScoreCarrier
 
 __all__ = ["InfoBatch"]
 
@@ -345,6 +348,29 @@ class InfoBatch(Dataset):
     def progress(self) -> float:
         """Fraction of training done, counted in trained samples: (epoch + trained / length) / num_epochs."""
         return self.sampler.record.progress
+
+    def carry_scores(self, model: Any) -> ScoreCarrier:
+        """Send each step's score rows inside ``model``'s gradient all-reduce (DDP), not by an
+        all-gather of their own: the same rows and the same table, one collective a step fewer
+        (see :mod:`leanbatch.carrier`). Call it on every rank, after wrapping the model in
+        ``DistributedDataParallel`` and before its first backward.
+
+        Example (needs a process group; see :mod:`leanbatch.carrier` for a complete one):
+            >>> InfoBatch.carry_scores.__name__
+            'carry_scores'
+        """
+        from leanbatch.carrier import ScoreCarrier
+        from leanbatch.rng import same_group
+
+        group = getattr(model, "process_group", None)
+        if group is not None and not same_group(group, self.sampler.process_group):
+            raise ValueError(
+                "model all-reduces over another process group than this InfoBatch's process_group: "
+                "build both on the same group"
+            )
+        carrier = ScoreCarrier(model)
+        self.scores.send_with(carrier)
+        return carrier
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:

@@ -44,6 +44,7 @@ __all__ = [
     "is_distributed",
     "process_rank",
     "rank_seed",
+    "same_group",
     "world_size",
 ]
 
@@ -89,6 +90,19 @@ def is_distributed(group: Any = None) -> bool:
         False
     """
     return initialized() and dist.get_world_size(group) > 1
+
+
+def same_group(a: Any, b: Any) -> bool:
+    """Whether ``a`` and ``b`` name the same process group (``None``: the default one).
+
+    Example:
+        >>> same_group(None, None)
+        True
+    """
+    if a is b:
+        return True
+    world = dist.group.WORLD if initialized() else None
+    return (world if a is None else a) is (world if b is None else b)
 
 
 def comm_device(group: Any = None) -> torch.device:

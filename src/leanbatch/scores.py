@@ -8,14 +8,17 @@ are skipped and counted, never stored, so a score is either a real loss or NaN.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
 
 from leanbatch.checks import check_per_sample_loss
-from leanbatch.rng import gather_step, is_distributed, world_size
+from leanbatch.rng import gather_step, is_distributed, same_group, world_size
 from leanbatch.slices import Slice
+
+if TYPE_CHECKING:
+    from leanbatch.carrier import ScoreCarrier
 
 __all__ = ["ScoreTable", "check_per_sample_loss"]
 
@@ -95,10 +98,11 @@ class ScoreTable:
         self._touched: Tensor | None = None  # distributed: what this rank wrote since the last sync
         self._unmerged = False  # this process stored losses no other rank has seen
         self._numbers: Tensor | None = None  # flush scratch: 0, 1, 2, ... and -1, -1, ... (int32)
+        self._carrier: ScoreCarrier | None = None  # sends gathered rows inside DDP's all-reduce
 
     def __getstate__(self) -> dict[str, Any]:
         self.flush()  # queued writes hold references and version counters that a copy would not keep
-        return dict(self.__dict__, _numbers=None)  # scratch, not state
+        return dict(self.__dict__, _numbers=None, _carrier=None)  # scratch and a live hook, not state
 
     # ------------------------------------------------------------------ device
     @property
@@ -192,12 +196,30 @@ class ScoreTable:
         if shared != self._pending_shared:
             self.flush()  # gathered and local writes are flushed apart (only local ones await a merge)
             self._pending_shared = shared
+        elif self._pending_n >= self.flush_every or (self.ema is not None and self._pending):
+            self.flush()  # before queuing this step: its rows may still be on their way (a carrier)
         self._unmerged = self._unmerged or not shared
-        self._pending.append(gather_step(idx, loss, group) if shared else _unchanged(idx, loss))
+        self._pending.append(self._send(idx, loss, group) if shared else _unchanged(idx, loss))
         self._pending_n += idx.shape[0] * (world_size(group) if shared else 1)
-        if self._pending_n >= self.flush_every or self.ema is not None:
-            self.flush()
         return idx
+
+    def _send(self, idx: Tensor, loss: Tensor, group: Any) -> Callable[[], tuple[Tensor, Tensor]]:
+        """Start sending a step's rows to every rank: with the carrier when it serves ``group``."""
+        if self._carrier is not None and same_group(self._carrier.group, group):
+            return self._carrier.post(idx, loss)
+        return gather_step(idx, loss, group)
+
+    def send_with(self, carrier: ScoreCarrier | None) -> None:
+        """Send the rows of ``store(across=True)`` inside a DDP model's gradient all-reduce
+        (:class:`~leanbatch.carrier.ScoreCarrier`) instead of an all-gather of their own; ``None``
+        goes back to the all-gather. Every rank must do the same.
+
+        Example:
+            >>> t = ScoreTable(4)
+            >>> t.send_with(None)   # the default: one all-gather a step in a distributed run
+        """
+        self.flush()
+        self._carrier = carrier
 
     def flush(self) -> None:
         """Write the queued losses into the table (skipping and counting non-finite ones).

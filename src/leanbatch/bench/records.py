@@ -57,7 +57,9 @@ class RunResult:
     # samples, and cost, one such sample pass's FLOPs as a share of the main model's.
     setup: dict[str, float] | None = None
     gather_time: float = 0.0  # seconds of one step's score gather, ranks aligned (torchrun, pruning rows)
-    overlap_time: float = 0.0  # seconds the gather adds to a training step it overlaps (the same rows)
+    overlap_time: float = 0.0  # seconds a step's score rows add to a training step, sent as trained
+    gather_overlap_time: float = 0.0  # the same, sent by the plain all-gather instead (a comparison)
+    carried_share: float = 0.0  # the share of this run's score rows that rode DDP's gradient all-reduce
 
     @property
     def final_acc(self) -> float:
@@ -109,6 +111,8 @@ class RunResult:
             "setup": self.setup,
             "gather_time_s": self.gather_time,
             "overlap_time_s": self.overlap_time,
+            "gather_overlap_time_s": self.gather_overlap_time,
+            "carried_share": self.carried_share,
             "steps": sum(e.steps for e in self.epochs),
             "final_test_acc": self.final_acc,
             "train_time_s": self.train_time,

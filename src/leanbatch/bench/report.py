@@ -232,6 +232,8 @@ def rebuild(payload: dict[str, Any]) -> dict[str, Any]:
             setup=r.get("setup"),
             gather_time=r.get("gather_time_s", 0.0),
             overlap_time=r.get("overlap_time_s", 0.0),
+            gather_overlap_time=r.get("gather_overlap_time_s", 0.0),
+            carried_share=r.get("carried_share", 0.0),
         )
         for r in payload["runs"]
     ]

@@ -130,6 +130,8 @@ class Trainer:
         self.ds = (
             None if policy is None else InfoBatch(range(data.num_train), cfg.epochs, seed=seed, policy=policy)
         )
+        # Under torchrun a step's score rows ride DDP's gradient all-reduce: no collective of their own.
+        self.carrier = None if self.ds is None or world.size == 1 else self.ds.carry_scores(self.model)
         self.select = Selection(row, seed, data, cfg, self.batchnorm) if row.selects else None
         # A budget run stops after its own number of steps (a share of the full baseline's; a batch
         # budget: all of them, on its smaller batches); the others train every epoch in full.
@@ -149,7 +151,7 @@ class Trainer:
         self.train_time = 0.0 if setup is None else setup["time_s"]
         self.train_cpu = 0.0 if setup is None else setup["cpu_time_s"]
         self.eval_time = 0.0
-        self.gather_time = self.overlap_time = 0.0
+        self.gather_time = self.overlap_time = self.gather_overlap_time = 0.0
         self.load_avg = [load_avg()]
 
     @property
@@ -246,9 +248,9 @@ class Trainer:
             self.select.record(idx[picked.positions], per_sample)  # type: ignore[union-attr]
         t_update = time.perf_counter()
         loss = self._loss(per_sample, idx, picked)
-        if self.ds is not None:  # the update, with its per-step score gather under torchrun
+        if self.ds is not None:  # the update; under torchrun its rows ride the backward's all-reduce
             tally.update_time += time.perf_counter() - t_update
-            # every rank gathers each rank's batch rows (one float64 index and loss each)
+            # every rank receives each rank's batch rows (an index and a loss, 16 bytes a row)
             tally.gathered += 0 if self.world.size == 1 else self.world.size * idx.numel() * STEP_ROW_BYTES
         tally.lr = self.opt.param_groups[0]["lr"]
         self.opt.zero_grad(set_to_none=True)
@@ -313,12 +315,19 @@ class Trainer:
         self.eval_time += time.perf_counter() - t1
         if self.done:
             self.load_avg.append(load_avg())
-            if self.ds is not None:  # what a step's score gather costs (untimed; 0 in one process)
+            if self.ds is not None:  # what a step's score rows cost (untimed; 0 in one process)
                 bs, x, y = self.local.batch_size, self.x_train, self.y_train
                 self.gather_time = self.world.time_gather(bs)
-                probe = partial(probe_step, self.net, x[:bs], y[:bs], self.cfg.channels_last)
-                self.overlap_time = self.world.time_overlap(probe, bs)
+                probe = partial(probe_step, self.model, x[:bs], y[:bs], self.cfg.channels_last)
+                self.overlap_time = self.world.time_overlap(probe, bs, self.carrier)  # as trained
+                self.gather_overlap_time = self.world.time_overlap(probe, bs, None)  # by an all-gather
         return record
+
+    def _carried_share(self) -> float:
+        """The share of this run's score rows that rode the gradient all-reduce (0 without a carrier)."""
+        c = self.carrier
+        sent = 0 if c is None else c.carried_rows + c.gathered_rows
+        return 0.0 if c is None or sent == 0 else c.carried_rows / sent
 
     def _evaluate(self) -> tuple[float, float]:
         """Test accuracy and loss: under torchrun each rank evaluates a slice, summed over the ranks."""
@@ -348,4 +357,6 @@ class Trainer:
             setup=None if self.select is None else self.select.setup,
             gather_time=self.gather_time,
             overlap_time=self.overlap_time,
+            gather_overlap_time=self.gather_overlap_time,
+            carried_share=self._carried_share(),
         )

@@ -7,8 +7,9 @@ comparison as one process would, with the same tables and results.json (written 
   the model wrapped in ``DistributedDataParallel`` (gradients averaged, so a step's update is the
   one process's, up to the order of floating-point sums);
 - a pruning row serves each rank its shard of the plan through the library's sampler, and
-  :meth:`~leanbatch.InfoBatch.update` gathers every rank's scores at every step, as in a user's
-  DDP loop; the other rows shuffle one permutation and deal it out the same way (rank ``r`` takes
+  :meth:`~leanbatch.InfoBatch.update` shares every rank's scores at every step, as in a user's
+  DDP loop: the rows ride DDP's gradient all-reduce (:meth:`~leanbatch.InfoBatch.carry_scores`);
+  the other rows shuffle one permutation and deal it out the same way (rank ``r`` takes
   positions ``r, r + W, ...``), so a step's ``W`` local batches are one process's global batch;
 - the counts of an epoch are summed over the ranks, its time is the slowest rank's, and the test
   split is evaluated in ``W`` slices, summed.
@@ -31,6 +32,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -38,6 +40,9 @@ from torch import Tensor, nn
 
 from leanbatch.bench.config import TrainConfig
 from leanbatch.rng import gather_step
+
+if TYPE_CHECKING:
+    from leanbatch.carrier import ScoreCarrier
 
 __all__ = ["ALONE", "World"]
 
@@ -132,27 +137,37 @@ class World:
         (elapsed,) = self.max([time.perf_counter() - t0])  # NCCL: max reads the result, so it waits
         return elapsed / repeats
 
-    def time_overlap(self, step: Callable[[], object], rows: int, pairs: int = 150) -> float:
-        """Seconds one step's score gather of ``rows`` rows a rank adds to a training ``step`` (a
-        forward and backward, DDP's all-reduce included) when it runs as in training: started
-        before the step, awaited after it. ``step`` runs ``pairs`` times alone and as many times
-        with the gather, alternating, the ranks aligned before each; the slowest rank's mean
-        difference (0 alone; within noise it can come out below 0).
+    def time_overlap(
+        self, step: Callable[[], object], rows: int, carrier: ScoreCarrier | None = None, pairs: int = 200
+    ) -> float:
+        """Seconds one step's score rows (``rows`` a rank) add to a training ``step`` (a forward and
+        backward through the DDP model, its all-reduce included) when they travel as in training:
+        inside the all-reduce by ``carrier``, else by the all-gather of
+        :func:`~leanbatch.rng.gather_step`, started before the step; awaited after it.
+
+        ``step`` runs ``pairs`` times alone and as many times with the rows, in the order alone,
+        with, with, alone (so neither arm always follows the other), the ranks aligned before
+        each; each run counts as its slowest rank's time, and the result is the difference of the
+        two arms' medians (robust to the stalls two processes on two cores meet; within noise it
+        can come out below 0). 0 alone.
         """
         if self.size == 1:
             return 0.0
+        send = gather_step if carrier is None else carrier.post
         indices, scores = torch.zeros(rows, dtype=torch.int64), torch.zeros(rows)
-        spent = [0.0, 0.0]
-        for i in range(2 * pairs):
+        with_rows = [(i + i // 2) % 2 == 1 for i in range(2 * pairs)]
+        times = []
+        for sends in with_rows:
             self.barrier()
             t0 = time.perf_counter()
-            result = gather_step(indices, scores) if i % 2 else None
+            result = send(indices, scores) if sends else None
             step()
             if result is not None:
                 result()
-            spent[i % 2] += time.perf_counter() - t0
-        (added,) = self.max([(spent[1] - spent[0]) / pairs])
-        return added
+            times.append(time.perf_counter() - t0)
+        slowest = torch.tensor(self.max(times), dtype=torch.float64)
+        arm = torch.tensor(with_rows)
+        return float(slowest[arm].median() - slowest[~arm].median())
 
     def check_same(self, model: nn.Module, what: str) -> None:
         """``RuntimeError`` unless ``model``'s parameters agree on every rank (a float64 checksum compared
