@@ -15,7 +15,7 @@ from ranks import in_process_group, spawn_ranks
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 
-from leanbatch import InfoBatch
+from leanbatch import InfoBatch, ScoreTable
 from leanbatch.carrier import ScoreCarrier
 
 WORLD, N, EPOCHS = 2, 150, 4
@@ -151,6 +151,14 @@ def _edge_worker(rank: int, out_dir: str) -> None:
     out["rescued"], out["next"] = first(), second()
     out["counts"] = (carrier.carried_rows, carrier.gathered_rows)
 
+    # a table that blends (EMA) flushes a step's rows at the next store or read, after the backward
+    table = ScoreTable(4, ema=0.5)
+    table.send_with(carrier)
+    for loss in (2.0, 4.0):
+        table.store(torch.tensor([rank]), torch.tensor([loss + rank]), across=True)
+        model(x).sum().backward()
+    out["ema"] = table.values.clone()
+
     # wrong use: not a DDP model; a model that already has a comm hook
     for bad, err in ((net, TypeError), (model, RuntimeError)):
         try:
@@ -172,5 +180,6 @@ def test_any_loss_and_index_arrive_exactly_and_gradients_are_ddps_own():
         assert [t.tolist() for t in r["rescued"]] == [[10, 11], [1.0, 2.0]]
         assert [t.tolist() for t in r["next"]] == [[20, 21], [3.0, 4.0]]
         assert r["counts"] == (3 + 1, 1)
+        assert r["ema"][:2].tolist() == [3.0, 4.0]  # 0.5 * first + 0.5 * second, both ranks' rows
         not_ddp, hooked = r["errors"]
         assert "DistributedDataParallel" in not_ddp and "comm hook" in hooked

@@ -11,30 +11,17 @@ gather, and the rows cost a few kilobytes more in a collective that runs anyway.
 
 The rows are exact: an index is sent as three float chunks below 2**24 (exact in float32 and
 summed with zeros only), so any index below 2**53 arrives whole; a loss is sent as itself (a
-float32 added to zeros keeps its value: NaN stays NaN, infinities and denormals stay, only
-``-0.0`` becomes ``0.0``).
+float32 added to zeros keeps its value: NaN stays NaN and infinities stay; ``-0.0`` becomes
+``0.0``, and a denormal becomes 0 where the process flushes denormals).
 
 The gradients are averaged as DDP's default hook does (divided by the world size, summed).
-When a backward does not all-reduce (``no_sync()``, gradient accumulation), or a step's rows
-find no backward (a skipped step), they go by the plain all-gather instead: started when the
-next rows are posted, or right away under ``no_sync``. Rows are readable once the backward that
+When a backward does not all-reduce (``no_sync()``, gradient accumulation), a step's rows find
+no backward (a skipped step), or the bucket is not float32 (half-precision gradients cannot hold
+the chunks), they go by the plain all-gather instead: right away under ``no_sync``, when the next
+rows are posted after a skipped step, from the hook for another dtype. Rows are readable once the backward that
 carries them has run; reading them before (the table flushed between ``update()`` and
 ``backward()``) raises an error that says so, rather than waiting for a collective one rank
 alone cannot finish.
-
-Example (a process group of one: the rows still ride the all-reduce):
-    >>> import os, torch, torch.distributed as dist
-    >>> from torch.nn.parallel import DistributedDataParallel as DDP
-    >>> os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29533")
-    >>> dist.init_process_group("gloo", rank=0, world_size=1)
-    >>> model = DDP(torch.nn.Linear(2, 1))
-    >>> carrier = ScoreCarrier(model)
-    >>> rows = carrier.post(torch.tensor([7, 2**40]), torch.tensor([0.5, float("inf")]))
-    >>> model(torch.ones(2, 2)).sum().backward()   # the rows travel in this all-reduce
-    >>> idx, loss = rows()
-    >>> idx.tolist(), loss.tolist(), carrier.carried_rows
-    ([7, 1099511627776], [0.5, inf], 2)
-    >>> del model, carrier; dist.destroy_process_group()
 """
 
 from collections.abc import Callable
@@ -80,8 +67,19 @@ class ScoreCarrier:
     :meth:`~leanbatch.InfoBatch.carry_scores`. Every rank must post the same number of rows a
     step (as the all-gather it replaces needs).
 
-    Example:
-        see the module's docstring (a real process group is needed).
+    Example (a process group of one; the rows still ride the all-reduce):
+        >>> import os, torch, torch.distributed as dist
+        >>> from torch.nn.parallel import DistributedDataParallel as DDP
+        >>> os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29533")
+        >>> dist.init_process_group("gloo", rank=0, world_size=1)
+        >>> model = DDP(torch.nn.Linear(2, 1))
+        >>> carrier = ScoreCarrier(model)
+        >>> rows = carrier.post(torch.tensor([7, 2**40]), torch.tensor([0.5, float("inf")]))
+        >>> model(torch.ones(2, 2)).sum().backward()   # the rows travel in this all-reduce
+        >>> idx, loss = rows()
+        >>> idx.tolist(), loss.tolist(), carrier.carried_rows
+        ([7, 1099511627776], [0.5, inf], 2)
+        >>> del model, carrier; dist.destroy_process_group()
     """
 
     def __init__(self, model: Any):

@@ -355,9 +355,19 @@ class InfoBatch(Dataset):
         (see :mod:`leanbatch.carrier`). Call it on every rank, after wrapping the model in
         ``DistributedDataParallel`` and before its first backward.
 
-        Example (needs a process group; see :mod:`leanbatch.carrier` for a complete one):
-            >>> InfoBatch.carry_scores.__name__
-            'carry_scores'
+        Example (one process: nothing to send, the rows are stored here; see
+        :class:`~leanbatch.carrier.ScoreCarrier` for rows that travel):
+            >>> import os, torch, torch.distributed as dist
+            >>> from torch.nn.parallel import DistributedDataParallel as DDP
+            >>> os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29534")
+            >>> dist.init_process_group("gloo", rank=0, world_size=1)
+            >>> ds, model = InfoBatch(range(8), num_epochs=2, seed=0), DDP(torch.nn.Linear(1, 1))
+            >>> carrier = ds.carry_scores(model)
+            >>> x = torch.tensor(list(ds.sampler)[:4], dtype=torch.float32).unsqueeze(1)
+            >>> ds.update(model(x).squeeze(1) ** 2, torch.tensor(list(ds.sampler)[:4])).backward()
+            >>> ds.scores.num_scored(), carrier.carried_rows
+            (4, 0)
+            >>> del model, carrier; dist.destroy_process_group()
         """
         from leanbatch.carrier import ScoreCarrier
         from leanbatch.rng import same_group
