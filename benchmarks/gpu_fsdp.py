@@ -1,13 +1,15 @@
-"""Lightning ``strategy="fsdp"`` with leanbatch, against ``strategy="ddp"``: for a machine with GPUs.
+"""FSDP with leanbatch's adapters against DDP: for a machine with GPUs.
 
-Lightning refuses FSDP without a GPU (``The strategy fsdp requires a GPU accelerator``), so the
-CPU tests cover FSDP through torch's ``fully_shard`` in a plain loop and accelerate's FSDP
-through the Hugging Face Trainer (tests/test_distributed_resume.py, tests/test_hf_distributed.py).
-This script runs the Lightning path where it can run: the same tiny fit twice on every visible
-GPU, once under DDP and once under FSDP, and checks that the plans, the served batches and the
-scores agree (the scores up to float sums that sharding reorders). It prints one line per check.
+Lightning refuses FSDP without a GPU (``The strategy fsdp requires a GPU accelerator``), and
+accelerate ignores its FSDP plugin on the CPU (it trains DDP there: see
+tests/test_hf_distributed.py), so the CPU tests cover FSDP only through torch's ``fully_shard``
+in a plain loop (tests/test_distributed_resume.py). This script runs the adapters' FSDP paths
+where they can run, each twice on every visible GPU, once under DDP and once under FSDP, and
+checks that the plans, the served batches and the scores agree (the scores up to float sums
+that sharding reorders). It prints one line per check.
 
-    python benchmarks/gpu_fsdp.py [--devices N]
+    python benchmarks/gpu_fsdp.py [--devices N]          # Lightning strategy="ddp" vs "fsdp"
+    python benchmarks/gpu_fsdp.py --hf [--devices N]     # the HF Trainer: accelerate DDP vs FSDP
 
 Exit status 0 when every check passes, 1 otherwise, 2 without a GPU.
 """
@@ -50,6 +52,7 @@ def fit(strategy: str, devices: int, out: str) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--devices", type=int, default=max(1, torch.cuda.device_count()))
+    parser.add_argument("--hf", action="store_true", help="the Hugging Face Trainer under torchrun")
     parser.add_argument("--strategy", default=None, help=argparse.SUPPRESS)  # a launched run
     parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -59,6 +62,8 @@ def main() -> int:
     if args.strategy is not None:  # Lightning re-runs this script in every process it launches
         fit(args.strategy, args.devices, args.out)
         return 0
+    if args.hf:
+        return hf(args.devices)
     out = tempfile.mkdtemp()
     for strategy in ("ddp", "fsdp"):
         import subprocess
@@ -75,9 +80,41 @@ def main() -> int:
             ddp["scores"], fsdp["scores"], rtol=1e-4, atol=1e-5, equal_nan=True
         ),
     }
+    return report(checks)
+
+
+def report(checks: dict[str, bool]) -> int:
+    """One line per check; 0 when all pass, else 1."""
     for name, ok in checks.items():
         print(f"{'PASS' if ok else 'FAIL'} {name}")
     return 0 if all(checks.values()) else 1
+
+
+def hf(devices: int) -> int:
+    """tests/hf_ddp_worker.py on ``devices`` GPUs under torchrun, as DDP and with accelerate's FSDP."""
+    import subprocess
+
+    out = tempfile.mkdtemp()
+    worker = os.path.join(HERE, "..", "tests", "hf_ddp_worker.py")
+    run = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(devices)]
+    env = dict(os.environ, PYTHONPATH=os.path.join(HERE, "..", "tests"))
+    for name, extra in (("ddp", []), ("fsdp", ["--fsdp"])):
+        if subprocess.run([*run, worker, os.path.join(out, name), *extra, "--gpu"], env=env).returncode:
+            print(f"FAIL HF {name} run")
+            return 1
+    ddp, fsdp = (torch.load(os.path.join(out, s, "rank0.pt"), weights_only=False) for s in ("ddp", "fsdp"))
+    return report(
+        {
+            "HF: FSDP really sharded the model": fsdp["fsdp"]
+            and fsdp["wrapper"] != "DistributedDataParallel",
+            "HF: the same plans": ddp["plans"] == fsdp["plans"] and ddp["epoch_stats"] == fsdp["epoch_stats"],
+            "HF: the same batches and weights": [(m["indices"], m["weights"]) for m in ddp["micro"]]
+            == [(m["indices"], m["weights"]) for m in fsdp["micro"]],
+            "HF: the same scores (1e-4)": torch.allclose(
+                ddp["scores"], fsdp["scores"], rtol=1e-4, atol=1e-5, equal_nan=True
+            ),
+        }
+    )
 
 
 if __name__ == "__main__":

@@ -3,9 +3,10 @@
 Trains a tiny Llama with InfoBatch and Selective Backprop stacked through the real Trainer
 and accelerate, then writes what this process saw to ``<out>/rank<r>.pt``.
 
-``python hf_ddp_worker.py OUT [SAVE_STEPS [RESUME_FROM]] [--fsdp]``: save a checkpoint every
-``SAVE_STEPS`` steps (0: none), resume from the checkpoint folder ``RESUME_FROM``, shard the model
-with FSDP (accelerate's, on the CPU). The scores are not merged by hand at the end: the trainer
+``python hf_ddp_worker.py OUT [SAVE_STEPS [RESUME_FROM]] [--fsdp] [--gpu]``: save a checkpoint
+every ``SAVE_STEPS`` steps (0: none), resume from the checkpoint folder ``RESUME_FROM``, ask
+accelerate for FSDP (which it ignores on the CPU: its FSDP needs GPUs), train on the GPUs
+(``benchmarks/gpu_fsdp.py --hf``). The scores are not merged by hand at the end: the trainer
 merges them.
 """
 
@@ -16,7 +17,9 @@ import sys
 import torch
 
 
-def main(out: str, save_steps: int = 0, resume: str | None = None, fsdp: bool = False) -> None:
+def main(
+    out: str, save_steps: int = 0, resume: str | None = None, fsdp: bool = False, gpu: bool = False
+) -> None:
     torch.set_num_threads(1)
     from hf_setup import PadCollator, Recorder, instruction_data, params, tiny_model, training_args
 
@@ -29,7 +32,12 @@ def main(out: str, save_steps: int = 0, resume: str | None = None, fsdp: bool = 
     if fsdp:
         saving.update(fsdp=True, fsdp_config={"transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]})
     args = training_args(
-        f"{out}/run", num_train_epochs=3, gradient_accumulation_steps=2, learning_rate=1e-2, **saving
+        f"{out}/run",
+        num_train_epochs=3,
+        gradient_accumulation_steps=2,
+        learning_rate=1e-2,
+        use_cpu=not gpu,
+        **saving,
     )
     trainer = Recorder(
         model=tiny_model(0 if resume is None else 1),  # a resumed run must not depend on its initial weights
@@ -44,12 +52,15 @@ def main(out: str, save_steps: int = 0, resume: str | None = None, fsdp: bool = 
         "micro": trainer.micro,
         "plans": trainer.plans,
         "epoch_stats": ds.epoch_stats,
-        "scores": ds.scores.values.clone(),
-        "params": params(trainer.model),
+        "scores": ds.scores.values.cpu().clone(),
+        "params": params(trainer.model).cpu(),
+        "fsdp": trainer.is_fsdp_enabled,
+        "wrapper": type(trainer.model_wrapped).__name__,
         "epoch": trainer.state.epoch,
         "global_step": trainer.state.global_step,
         "progress": ds.progress,
         "selected_batches": sb.stats.selected_batches,
+        "carried": None if (c := trainer.score_carrier) is None else (c.carried_rows, c.gathered_rows),
     }
     torch.save(result, f"{out}/rank{trainer.args.process_index}.pt")
     import torch.distributed as dist
@@ -62,5 +73,10 @@ def main(out: str, save_steps: int = 0, resume: str | None = None, fsdp: bool = 
 
 
 if __name__ == "__main__":
-    args = [a for a in sys.argv[1:] if a != "--fsdp"]
-    main(args[0], *(int(a) if a.isdigit() else a for a in args[1:]), fsdp="--fsdp" in sys.argv)  # type: ignore[arg-type]
+    args = [a for a in sys.argv[1:] if a not in ("--fsdp", "--gpu")]
+    main(
+        args[0],
+        *(int(a) if a.isdigit() else a for a in args[1:]),  # type: ignore[arg-type]
+        fsdp="--fsdp" in sys.argv,
+        gpu="--gpu" in sys.argv,
+    )

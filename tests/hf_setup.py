@@ -163,8 +163,9 @@ class Trace(TrainerCallback):
 
 
 def params(model: torch.nn.Module) -> torch.Tensor:
-    """All parameters, flattened, detached."""
-    return torch.cat([p.detach().flatten().clone() for p in model.parameters()])
+    """All parameters, flattened, detached (FSDP's sharded ones gathered whole: a collective)."""
+    whole = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in model.parameters()]
+    return torch.cat([p.detach().flatten().clone() for p in whole])
 
 
 __all__ = [

@@ -161,7 +161,13 @@ def ddp_main(out_dir: str, resume: str | None = None) -> None:
     trainer = make_trainer([lb, saver], strategy="ddp", devices=2, use_distributed_sampler=False)
     trainer.fit(module, ckpt_path=resume)
     torch.save(
-        {"rows": module.rows, "scores": scores, "stats": ib.epoch_stats, "world": trainer.world_size},
+        {
+            "rows": module.rows,
+            "scores": scores,
+            "stats": ib.epoch_stats,
+            "world": trainer.world_size,
+            "carried": None if (c := lb.score_carrier) is None else (c.carried_rows, c.gathered_rows),
+        },
         os.path.join(out_dir, f"{'resumed' if resume else 'rank'}{trainer.global_rank}.pt"),
     )
 

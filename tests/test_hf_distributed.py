@@ -44,6 +44,8 @@ def torchrun(out: Path, *options: str) -> tuple[dict, dict]:
 def test_two_processes_share_plans_scores_and_epochs(tmp_path):
     a, b = torchrun(tmp_path)
     assert a["world"] == b["world"] == 2
+    # the scores rode DDP's all-reduce; accumulation's no_sync micro-batches sent theirs by an all-gather
+    assert a["carried"] == b["carried"] and min(a["carried"]) > 0
     # one global plan, identical on both processes, pruned in the pruning epoch only
     assert a["plans"] == b["plans"] and a["epoch_stats"] == b["epoch_stats"]
     assert [s["pruning"] for s in a["epoch_stats"]] == [False, True, False]
@@ -124,9 +126,11 @@ def test_a_two_process_checkpoint_resumes_on_another_number_of_processes(tmp_pat
     assert len(before) + len(after) - kept < 4 * nproc  # repeats: the new world's last-round padding only
 
 
-def test_accelerate_launch_and_fsdp_train_exactly_as_torchrun_ddp(tmp_path):
-    """``accelerate launch`` (its multi-process launcher, on the CPU) gives the torchrun run; with the
-    model sharded by FSDP, pruning, weights and scores stay exactly those of DDP."""
+def test_accelerate_launch_trains_exactly_as_torchrun_and_its_fsdp_is_not_on_the_cpu(tmp_path):
+    """``accelerate launch`` (its multi-process launcher, on the CPU) gives the torchrun run. Asked
+    for FSDP on the CPU, accelerate ignores its FSDP plugin (its FSDP needs GPUs) and trains DDP:
+    checked here so that the day it shards on the CPU this test says to test it for real
+    (``benchmarks/gpu_fsdp.py --hf`` checks it on GPUs)."""
     plain = torchrun(tmp_path / "plain")
     env = dict(
         os.environ, OMP_NUM_THREADS="1", PYTHONPATH=HERE + os.pathsep + os.environ.get("PYTHONPATH", "")
@@ -145,9 +149,9 @@ def test_accelerate_launch_and_fsdp_train_exactly_as_torchrun_ddp(tmp_path):
     assert launched[0]["world"] == 2
     for x, y in zip(plain, launched, strict=True):
         same_run(x, y)
-    sharded = torchrun(tmp_path / "fsdp", "--fsdp")
-    for x, y in zip(plain, sharded, strict=True):
-        assert x["epoch_stats"] == y["epoch_stats"] and x["plans"] == y["plans"]
-        assert [m["weights"] for m in x["micro"]] == [m["weights"] for m in y["micro"]]
-        assert [m["indices"] for m in x["micro"]] == [m["indices"] for m in y["micro"]]
-        torch.testing.assert_close(x["scores"], y["scores"], equal_nan=True, rtol=1e-4, atol=1e-5)
+        assert x["carried"] == y["carried"] and min(y["carried"]) > 0  # accelerate's DDP carries too
+    asked = torchrun(tmp_path / "fsdp", "--fsdp")
+    for x, y in zip(plain, asked, strict=True):
+        assert x["wrapper"] == "DistributedDataParallel" and not x["fsdp"]
+        assert (y["wrapper"], y["fsdp"]) == ("DistributedDataParallel", False)  # not sharded: DDP
+        same_run(x, y)

@@ -210,6 +210,7 @@ def test_ddp_two_processes_plan_alike_merge_scores_draw_independently_and_resume
     ddp_job(tmp_path)
     a, b = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2))
     assert a["world"] == b["world"] == 2
+    assert a["carried"][0] > 0 and a["carried"] == b["carried"]  # the scores rode DDP's all-reduce
     assert a["stats"] == b["stats"]  # every rank planned the same epochs
     stats = a["stats"]
     assert any(s["pruning"] and s["kept"] < 203 for s in stats)

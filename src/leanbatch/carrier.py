@@ -33,7 +33,7 @@ from torch import Tensor
 
 from leanbatch.rng import _to_comm, comm_device, gather_step
 
-__all__ = ["ScoreCarrier"]
+__all__ = ["ScoreCarrier", "carry_if_ddp"]
 
 _CHUNK = 1 << 24  # float32 holds every integer below 2**24 exactly
 _COLS = 4  # an index as three chunks, then the loss
@@ -172,3 +172,25 @@ def _decode(block: Tensor) -> tuple[Tensor, Tensor]:
     rows = block.reshape(-1, _COLS)
     chunks = rows[:, :3].long()
     return chunks[:, 0] + chunks[:, 1] * _CHUNK + chunks[:, 2] * (_CHUNK * _CHUNK), rows[:, 3].clone()
+
+
+def carry_if_ddp(ds: Any, model: Any) -> ScoreCarrier | None:
+    """``ds.carry_scores(model)`` when ``model`` is a ``DistributedDataParallel`` wrapper over several
+    processes that takes the hook; else ``None``, and the all-gather stays (one process, FSDP or
+    DeepSpeed, or a model with a communication hook of its own). What the adapters call once
+    they hold the wrapped model.
+
+    Example:
+        >>> import torch
+        >>> carry_if_ddp(None, torch.nn.Linear(1, 1)) is None   # not a DDP wrapper: nothing to carry in
+        True
+    """
+    from torch.nn.parallel import DistributedDataParallel
+
+    if not isinstance(model, DistributedDataParallel) or dist.get_world_size(model.process_group) < 2:
+        return None
+    try:
+        carrier: ScoreCarrier = ds.carry_scores(model)
+    except RuntimeError:  # the model has a comm hook of its own (DDP takes one)
+        return None
+    return carrier

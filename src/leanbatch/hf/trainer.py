@@ -31,6 +31,7 @@ from torch.utils.data import Sampler
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from leanbatch.carrier import ScoreCarrier, carry_if_ddp
 from leanbatch.hf.checks import check_setup, wrap_train_dataset
 from leanbatch.hf.data import INDEX_KEY, IndexCollator, IndexedDataset, Rows
 from leanbatch.hf.losses import weighted_loss
@@ -154,6 +155,8 @@ class LeanbatchMixin(_Base):
         self._lb_first_epoch: int | None = None
         self._lb_updates_per_epoch = 1
         self._lb_selection_loss = _SelectionLoss(self._loss_shifts_labels)
+        self._lb_carried: Any = None  # the wrapped model the carrier was tried on
+        self.score_carrier: ScoreCarrier | None = None  # under DDP: the scores ride its all-reduce
         if ds is not None:
             loss_fn: Any = self._leanbatch_loss
             collator: Any = IndexCollator(cast(Any, self).data_collator, shift=self._loss_shifts_labels)
@@ -282,6 +285,8 @@ class LeanbatchMixin(_Base):
                 "sequences), but InfoBatch scores and weights one sequence per row; pad the batch instead"
             )
         inputs = {k: v for k, v in inputs.items() if k != INDEX_KEY}  # the model never sees them
+        if self._lb_carried is not model:  # under DDP the scores ride its all-reduce (once per wrapper)
+            self._lb_carried, self.score_carrier = model, carry_if_ddp(ds, model)
         n, first = self._lb_trained(ds, len(rows))
         step = ds.record.prepare(n)
         self._lb_step = (rows, step.plan, first)

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.utils.data import DataLoader
 
+from leanbatch.carrier import ScoreCarrier, carry_if_ddp
 from leanbatch.checks import check_per_sample_loss
 from leanbatch.infobatch import InfoBatch
 from leanbatch.lightning import loop
@@ -99,6 +100,7 @@ class LeanBatchCallback(pl.Callback):
         self._calls = {"select": 0, "loss": 0}  # in the batch being trained
         self._recheck_length = False  # set the epoch's length again at the next batch (after a resume)
         self._epoch_start: dict[str, float] = {}
+        self.score_carrier: ScoreCarrier | None = None  # under DDP: the scores ride its all-reduce
 
     # ------------------------------------------------------------------ data
     @property
@@ -238,6 +240,7 @@ class LeanBatchCallback(pl.Callback):
         self._snapshot()
         if self.infobatch is None:
             return
+        self.score_carrier = carry_if_ddp(self.infobatch, trainer.strategy.model)  # wrapped by now
         dl = loop.train_loader(trainer, self.sampler, self.dataset)
         ready = loop.batches_done(trainer)  # restored by a resume: batches of Lightning's epoch done
         if ready and self.infobatch.position.trained == 0:
