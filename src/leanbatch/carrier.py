@@ -9,8 +9,8 @@ step's rows to the last gradient bucket DDP all-reduces in the backward pass tha
 ``update()``: each rank writes its rows into its own slot of a zero block, so the sum *is* the
 gather, and the rows cost a few kilobytes more in a collective that runs anyway.
 
-The rows are exact: an index is sent as three float chunks below 2**24 (exact in float32 and
-summed with zeros only), so any index below 2**53 arrives whole; a loss is sent as itself (a
+The rows are exact: an index is sent as its four 16-bit words, each an integer exact in float32
+and summed with zeros only, so any int64 index arrives whole; a loss is sent as itself (a
 float32 added to zeros keeps its value: NaN stays NaN and infinities stay; ``-0.0`` becomes
 ``0.0``, and a denormal becomes 0 where the process flushes denormals).
 
@@ -33,10 +33,10 @@ from torch import Tensor
 
 from leanbatch.rng import _to_comm, comm_device, gather_step
 
-__all__ = ["ScoreCarrier", "carry_if_ddp"]
+__all__ = ["CARRIED_ROW_BYTES", "ScoreCarrier", "carry_if_ddp"]
 
-_CHUNK = 1 << 24  # float32 holds every integer below 2**24 exactly
-_COLS = 4  # an index as three chunks, then the loss
+_COLS = 5  # an index as its four 16-bit words (exact in float32), then the loss
+CARRIED_ROW_BYTES = 4 * _COLS  # what one carried row adds to the all-reduce, per rank
 
 
 class _Parcel:
@@ -44,7 +44,7 @@ class _Parcel:
 
     def __init__(self, indices: Tensor, losses: Tensor, slab: Tensor):
         self.indices, self.losses, self.slab = indices, losses, slab
-        self.block: Tensor | None = None  # every rank's slab, (world, rows * 4), once arrived
+        self.block: Tensor | None = None  # every rank's slab, (world, rows * 5), once arrived
         self.fallback: Callable[[], tuple[Tensor, Tensor]] | None = None
 
     def result(self) -> tuple[Tensor, Tensor]:
@@ -94,6 +94,7 @@ class ScoreCarrier:
         self.group = model.process_group
         self._world = dist.get_world_size(self.group)
         self._rank = dist.get_rank(self.group)
+        self._device = comm_device(self.group)
         self._outbox: list[_Parcel] = []
         self.carried_rows = 0  # this rank's rows sent inside the gradient all-reduce
         self.gathered_rows = 0  # this rank's rows that went by the plain all-gather instead
@@ -119,7 +120,7 @@ class ScoreCarrier:
         if not self._model.require_backward_grad_sync:
             self.gathered_rows += indices.shape[0]
             return gather_step(indices, losses, self.group)
-        parcel = _Parcel(indices, losses, _encode(indices, losses, comm_device(self.group)))
+        parcel = _Parcel(indices, losses, _encode(indices, losses, self._device))
         self._outbox.append(parcel)
         return parcel.result
 
@@ -141,11 +142,10 @@ class ScoreCarrier:
         if not parcels:
             fut = dist.all_reduce(buf, group=self.group, async_op=True).get_future()
             return fut.then(lambda f: f.value()[0])
-        slab = torch.cat([p.slab for p in parcels])  # this rank's rows, flat
-        n, m = buf.numel(), slab.numel()
-        full = buf.new_zeros(n + self._world * m)
-        full[:n] = buf
-        full[n + self._rank * m : n + (self._rank + 1) * m] = slab
+        slab = parcels[0].slab if len(parcels) == 1 else torch.cat([p.slab for p in parcels])
+        n, m = buf.numel(), slab.numel()  # this rank's rows go in its slot of a zero block:
+        before, after = buf.new_zeros(self._rank * m), buf.new_zeros((self._world - 1 - self._rank) * m)
+        full = torch.cat([buf, before, slab, after])
         self.carried_rows += sum(p.indices.shape[0] for p in parcels)
 
         def arrived(f: torch.futures.Future[list[Tensor]]) -> Tensor:
@@ -160,18 +160,18 @@ class ScoreCarrier:
 
 
 def _encode(indices: Tensor, losses: Tensor, device: torch.device) -> Tensor:
-    """Rows as ``(rows, 4)`` float32 on ``device``, flattened: an index in three chunks, the loss."""
-    idx = _to_comm(indices, device).long()
-    cols = [idx % _CHUNK, idx // _CHUNK % _CHUNK, idx // (_CHUNK * _CHUNK), losses]
-    return torch.stack([c.to(device, torch.float32, non_blocking=True) for c in cols], 1).reshape(-1)
+    """Rows as ``(rows, 5)`` float32 on ``device``, flattened: an index's four 16-bit words (read in
+    place as int16, each exact in float32), then the loss."""
+    words = _to_comm(indices, device).long().contiguous().view(torch.int16).view(-1, 4)
+    loss = losses.to(device, torch.float32, non_blocking=True).view(-1, 1)
+    return torch.cat([words.to(torch.float32), loss], 1).view(-1)
 
 
 def _decode(block: Tensor) -> tuple[Tensor, Tensor]:
-    """Every rank's rows (rank order) from the summed ``(world, rows * 4)`` block: int64 indices,
+    """Every rank's rows (rank order) from the summed ``(world, rows * 5)`` block: int64 indices,
     float32 losses."""
     rows = block.reshape(-1, _COLS)
-    chunks = rows[:, :3].long()
-    return chunks[:, 0] + chunks[:, 1] * _CHUNK + chunks[:, 2] * (_CHUNK * _CHUNK), rows[:, 3].clone()
+    return rows[:, :4].to(torch.int16).view(torch.int64).view(-1), rows[:, 4]
 
 
 def carry_if_ddp(ds: Any, model: Any) -> ScoreCarrier | None:

@@ -1,7 +1,8 @@
 """What a pruning row's per-step bookkeeping costs next to a training step: results.json's ``sync``.
 
 A pruning row calls :meth:`~leanbatch.InfoBatch.update` once a step. Under torchrun every rank
-receives every rank's batch rows (an index and a score each: 16 bytes a row), so that all ranks
+receives every rank's batch rows (an index and a score each: 20 bytes a row carried, 16 by an
+all-gather), so that all ranks
 keep the same scores. The bench sends them inside DDP's gradient all-reduce of the backward pass
 that follows (:class:`~leanbatch.carrier.ScoreCarrier`): no collective of their own. One row per
 pruning method, means over its seeds:

@@ -53,6 +53,7 @@ from leanbatch.bench.methods import MethodRow
 from leanbatch.bench.records import EpochRecord, RunResult
 from leanbatch.bench.selecting import Picked, Selection
 from leanbatch.bench.world import ALONE, World
+from leanbatch.carrier import CARRIED_ROW_BYTES
 from leanbatch.infobatch import InfoBatch
 from leanbatch.progress import training_progress
 from leanbatch.rng import STEP_ROW_BYTES
@@ -250,8 +251,9 @@ class Trainer:
         loss = self._loss(per_sample, idx, picked)
         if self.ds is not None:  # the update; under torchrun its rows ride the backward's all-reduce
             tally.update_time += time.perf_counter() - t_update
-            # every rank receives each rank's batch rows (an index and a loss, 16 bytes a row)
-            tally.gathered += 0 if self.world.size == 1 else self.world.size * idx.numel() * STEP_ROW_BYTES
+            # every rank receives each rank's batch rows (an index and a loss: 20 bytes a row carried)
+            row = STEP_ROW_BYTES if self.carrier is None else CARRIED_ROW_BYTES
+            tally.gathered += 0 if self.world.size == 1 else self.world.size * idx.numel() * row
         tally.lr = self.opt.param_groups[0]["lr"]
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
