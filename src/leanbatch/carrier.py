@@ -25,15 +25,18 @@ alone cannot finish.
 """
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from leanbatch.rng import _to_comm, comm_device, gather_step
+from leanbatch.rng import _to_comm, comm_device, gather_step, same_group
 
-__all__ = ["CARRIED_ROW_BYTES", "ScoreCarrier", "carry_if_ddp"]
+if TYPE_CHECKING:
+    from leanbatch.scores import ScoreTable
+
+__all__ = ["CARRIED_ROW_BYTES", "ScoreCarrier", "carry_for", "carry_if_ddp"]
 
 _COLS = 5  # an index as its four 16-bit words (exact in float32), then the loss
 CARRIED_ROW_BYTES = 4 * _COLS  # what one carried row adds to the all-reduce, per rank
@@ -172,6 +175,31 @@ def _decode(block: Tensor) -> tuple[Tensor, Tensor]:
     float32 losses."""
     rows = block.reshape(-1, _COLS)
     return rows[:, :4].to(torch.int16).view(torch.int64).view(-1), rows[:, 4]
+
+
+def carry_for(table: "ScoreTable", model: Any, group: Any = None) -> ScoreCarrier:
+    """A :class:`ScoreCarrier` on ``model`` that ``table`` sends its rows with (what
+    :meth:`~leanbatch.InfoBatch.carry_scores` does); ``ValueError`` when the model all-reduces over
+    another process group than ``group`` (``None``: the default one), checked before any hook.
+
+    Example:
+        >>> from leanbatch.scores import ScoreTable
+        >>> import torch
+        >>> try:
+        ...     carry_for(ScoreTable(4), torch.nn.Linear(1, 1))
+        ... except TypeError as e:
+        ...     print(type(e).__name__)
+        TypeError
+    """
+    own = getattr(model, "process_group", None)
+    if own is not None and not same_group(own, group):
+        raise ValueError(
+            "model all-reduces over another process group than the scores' process_group: build both "
+            "on the same group"
+        )
+    carrier = ScoreCarrier(model)
+    table.send_with(carrier)
+    return carrier
 
 
 def carry_if_ddp(ds: Any, model: Any) -> ScoreCarrier | None:

@@ -351,36 +351,21 @@ class InfoBatch(Dataset):
 
     def carry_scores(self, model: Any) -> ScoreCarrier:
         """Send each step's score rows inside ``model``'s gradient all-reduce (DDP), not by an
-        all-gather of their own: the same rows and the same table, one collective a step fewer
-        (see :mod:`leanbatch.carrier`). Call it on every rank, after wrapping the model in
-        ``DistributedDataParallel`` and before its first backward.
+        all-gather of their own: the same rows and table, one collective a step fewer (see
+        :class:`~leanbatch.carrier.ScoreCarrier`, whose example runs one). Call it on every rank,
+        after wrapping the model in ``DistributedDataParallel`` and before its first backward.
 
-        Example (one process: nothing to send, the rows are stored here; see
-        :class:`~leanbatch.carrier.ScoreCarrier` for rows that travel):
-            >>> import os, torch, torch.distributed as dist
-            >>> from torch.nn.parallel import DistributedDataParallel as DDP
-            >>> os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="29534")
-            >>> dist.init_process_group("gloo", rank=0, world_size=1)
-            >>> ds, model = InfoBatch(range(8), num_epochs=2, seed=0), DDP(torch.nn.Linear(1, 1))
-            >>> carrier = ds.carry_scores(model)
-            >>> x = torch.tensor(list(ds.sampler)[:4], dtype=torch.float32).unsqueeze(1)
-            >>> ds.update(model(x).squeeze(1) ** 2, torch.tensor(list(ds.sampler)[:4])).backward()
-            >>> ds.scores.num_scored(), carrier.carried_rows
-            (4, 0)
-            >>> del model, carrier; dist.destroy_process_group()
+        Example:
+            >>> import torch
+            >>> try:
+            ...     InfoBatch(range(8), num_epochs=2).carry_scores(torch.nn.Linear(1, 1))
+            ... except TypeError as e:
+            ...     print(str(e).split(",")[0])
+            model must be the DistributedDataParallel wrapper the loop trains through
         """
-        from leanbatch.carrier import ScoreCarrier
-        from leanbatch.rng import same_group
+        from leanbatch.carrier import carry_for
 
-        group = getattr(model, "process_group", None)
-        if group is not None and not same_group(group, self.sampler.process_group):
-            raise ValueError(
-                "model all-reduces over another process group than this InfoBatch's process_group: "
-                "build both on the same group"
-            )
-        carrier = ScoreCarrier(model)
-        self.scores.send_with(carrier)
-        return carrier
+        return carry_for(self.scores, model, self.sampler.process_group)
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:

@@ -181,10 +181,10 @@ class ScoreTable:
         int64 tensor on the table's device.
 
         ``across=True`` in a distributed run: every rank of ``group`` stores every rank's rows of
-        this step (one all-gather of :func:`~leanbatch.rng.gather_step`, the same number of rows on
-        every rank), in rank order, so every rank holds the same table at every flush and
-        nothing is left to merge. The gather runs while the caller goes on (its backward pass);
-        the flush waits for it.
+        this step (one all-gather of :func:`~leanbatch.rng.gather_step`, or carried in DDP's
+        gradient all-reduce after :meth:`send_with`; the same number of rows on every rank), in
+        rank order, so every rank holds the same table at every flush and nothing is left to
+        merge. The rows travel while the caller goes on (its backward pass); the flush waits.
         """
         if self._follow_device and losses.device != self._values.device:
             self.to(losses.device)
@@ -210,9 +210,8 @@ class ScoreTable:
         return gather_step(idx, loss, group)
 
     def send_with(self, carrier: ScoreCarrier | None) -> None:
-        """Send the rows of ``store(across=True)`` inside a DDP model's gradient all-reduce
-        (:class:`~leanbatch.carrier.ScoreCarrier`) instead of an all-gather of their own; ``None``
-        goes back to the all-gather. Every rank must do the same.
+        """Send ``store(across=True)``'s rows with ``carrier`` (inside DDP's gradient all-reduce, see
+        :class:`~leanbatch.carrier.ScoreCarrier`); ``None``: by an all-gather. Every rank alike.
 
         Example:
             >>> t = ScoreTable(4)
