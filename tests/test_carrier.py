@@ -46,11 +46,11 @@ class _CountGathers:
         setattr(dist, self.name, self.real)
 
 
-def _train(rank: int, carry: bool, accumulate: int = 1) -> dict[str, Any]:
+def _train(rank: int, carry: bool, accumulate: int = 1, shard: bool = False) -> dict[str, Any]:
     """InfoBatch under DDP on a small regression task; every `accumulate`-th step all-reduces."""
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(N, 6, generator=g), torch.randn(N, generator=g)
-    ds = InfoBatch(TensorDataset(torch.arange(N), x, y), EPOCHS, prune_ratio=0.5, seed=3)
+    ds = InfoBatch(TensorDataset(torch.arange(N), x, y), EPOCHS, prune_ratio=0.5, seed=3, shard_scores=shard)
     torch.manual_seed(1)
     model = DDP(torch.nn.Linear(6, 1))
     carrier = ds.carry_scores(model) if carry else None
@@ -71,7 +71,7 @@ def _train(rank: int, carry: bool, accumulate: int = 1) -> dict[str, Any]:
                     opt.step()
                     opt.zero_grad()
             plans.append(torch.cat(served))
-    state = ds.state_dict() if rank == 0 else None  # rank 0 alone: no collective may be needed
+    state = ds.state_dict() if rank == 0 and not shard else None  # rank 0 alone: no collective
     return {
         "scores": ds.scores.values.clone(),
         "state": state,
@@ -94,23 +94,26 @@ class _nothing:
 def _loop_worker(rank: int, out_dir: str) -> None:
     out = {"gather": _train(rank, carry=False), "carry": _train(rank, carry=True)}
     out["gather_acc"], out["carry_acc"] = _train(rank, False, accumulate=2), _train(rank, True, accumulate=2)
+    out["gather_shard"], out["carry_shard"] = _train(rank, False, shard=True), _train(rank, True, shard=True)
     torch.save(out, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
 def test_carried_scores_train_exactly_as_gathered_ones_with_no_collective_of_their_own():
     """The same scores, plans, weights and rank-0 checkpoint as the all-gather, bit for bit, in a
-    real DDP loop; the carrier makes no all-gather, and under no_sync its rows go by the gather."""
+    real DDP loop (and with sharded scores: each owner stores its rows); the carrier makes no
+    all-gather, and under no_sync its rows go by the gather."""
     runs = _run(_loop_worker)
     for r in runs:
-        for a, b in (("gather", "carry"), ("gather_acc", "carry_acc")):
+        for a, b in (("gather", "carry"), ("gather_acc", "carry_acc"), ("gather_shard", "carry_shard")):
             x, y = r[a], r[b]
             assert torch.equal(x["scores"].nan_to_num(-1), y["scores"].nan_to_num(-1))
             assert all(torch.equal(p, q) for p, q in zip(x["plans"], y["plans"], strict=True))
             assert torch.equal(x["weight"], y["weight"])
         assert r["gather"]["gathers"] == r["gather"]["steps"]  # one all-gather a step...
         assert r["carry"]["gathers"] == 0  # ...and none with the carrier
-        carried, gathered = r["carry"]["carried"]
-        assert gathered == 0 and carried == sum(p.numel() for p in r["carry"]["plans"])
+        for key in ("carry", "carry_shard"):  # every trained row rode the all-reduce
+            carried, gathered = r[key]["carried"]
+            assert gathered == 0 and carried == sum(p.numel() for p in r[key]["plans"])
         # accumulation: the no_sync steps' rows (odd steps) went by the all-gather
         acc_steps = r["carry_acc"]["steps"]
         assert r["carry_acc"]["gathers"] == acc_steps - acc_steps // 2
