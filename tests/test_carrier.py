@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import copy
+import gc
 import os
 import tempfile
+import weakref
 from typing import Any
 
 import pytest
@@ -162,6 +164,15 @@ def _edge_worker(rank: int, out_dir: str) -> None:
         model(x).sum().backward()
     out["ema"] = table.values.clone()
 
+    # the carrier keeps no replica alive: DDP's reducer holds the hook beyond the collector's reach,
+    # so a strong reference back would leak the replica past its process group (abort at exit)
+    spare = DDP(copy.deepcopy(net))
+    alive = weakref.ref(spare)
+    ScoreCarrier(spare)
+    del spare
+    gc.collect()
+    out["leaked"] = alive() is not None
+
     # wrong use: not a DDP model; a model that already has a comm hook
     for bad, err in ((net, TypeError), (model, RuntimeError)):
         try:
@@ -183,6 +194,7 @@ def test_any_loss_and_index_arrive_exactly_and_gradients_are_ddps_own():
         assert [t.tolist() for t in r["rescued"]] == [[10, 11], [1.0, 2.0]]
         assert [t.tolist() for t in r["next"]] == [[20, 21], [3.0, 4.0]]
         assert r["counts"] == (3 + 1, 1)
-        assert r["ema"][:2].tolist() == [3.0, 4.0]  # 0.5 * first + 0.5 * second, both ranks' rows
+        assert r["ema"][:2].tolist() == [3.0, 4.0]
+        assert not r["leaked"]  # 0.5 * first + 0.5 * second, both ranks' rows
         not_ddp, hooked = r["errors"]
         assert "DistributedDataParallel" in not_ddp and "comm hook" in hooked

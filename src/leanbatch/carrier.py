@@ -24,6 +24,7 @@ carries them has run; reading them before (the table flushed between ``update()`
 alone cannot finish.
 """
 
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -93,7 +94,10 @@ class ScoreCarrier:
                 f"model must be the DistributedDataParallel wrapper the loop trains through, got "
                 f"{type(model).__name__}: ScoreCarrier(DDP(net))"
             )
-        self._model = model
+        # A weak reference: DDP's reducer holds the hook, so a strong one would be a reference cycle,
+        # and a replica left to the cycle collector can outlive its process group and abort the
+        # process at exit ("terminate called without an active exception").
+        self._model = weakref.ref(model)
         self.group = model.process_group
         self._world = dist.get_world_size(self.group)
         self._rank = dist.get_rank(self.group)
@@ -120,7 +124,8 @@ class ScoreCarrier:
         losses = losses.detach()
         self._send_by_gather(self._outbox)
         self._outbox = []
-        if not self._model.require_backward_grad_sync:
+        model = self._model()
+        if model is None or not model.require_backward_grad_sync:  # no all-reduce coming
             self.gathered_rows += indices.shape[0]
             return gather_step(indices, losses, self.group)
         parcel = _Parcel(indices, losses, _encode(indices, losses, self._device))
