@@ -75,6 +75,9 @@ if [ -d "$CIFAR" ]; then
   OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 -m leanbatch bench --preset cifar10 --data "$CIFAR" \
     --epochs 2 --seeds 0 --methods baseline,infobatch --budgets none --batch-budgets none --threads 1 \
     --out "$OUT/torchrun-cifar10"
+  # ... and the score rows' cost four ways, 600 steps an arm (CIFAR-10's and MNIST's shapes)
+  OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 benchmarks/sync_cost.py
+  OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node=2 benchmarks/sync_cost.py --shape 1,28,28
 fi
 if [ -f "$MNIST" ]; then
   # 8. The envelope and the twins on full MNIST, 8 epochs, 3 seeds.
