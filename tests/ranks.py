@@ -50,3 +50,31 @@ def in_process_group(rank: int, world: int, init_file: str, body: Callable[..., 
         dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+class CountedGathers:
+    """While installed (``with CountedGathers() as g``): torch's all-gather into one tensor (both
+    spellings are the same collective), counting its calls and the waits on their work."""
+
+    def __init__(self) -> None:
+        self.name = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
+        self.gather, self.calls, self.waited = getattr(dist, self.name), 0, 0
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        self.calls += 1
+        work = self.gather(*args, **kwargs)
+        counter = self
+
+        class Work:
+            def wait(self) -> bool:
+                counter.waited += 1
+                return work.wait() if work is not None else True
+
+        return Work()
+
+    def __enter__(self) -> CountedGathers:
+        setattr(dist, self.name, self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        setattr(dist, self.name, self.gather)

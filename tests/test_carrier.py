@@ -11,9 +11,8 @@ from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
-from ranks import in_process_group, spawn_ranks
+from ranks import CountedGathers, in_process_group, spawn_ranks
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -29,25 +28,6 @@ def _run(body: Any) -> list[dict[str, Any]]:
         return [torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(WORLD)]
 
 
-class _CountGathers:
-    """Counts torch's all-gathers (both spellings: one collective) while installed."""
-
-    def __init__(self) -> None:
-        self.name = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
-        self.real, self.calls = getattr(dist, self.name), 0
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        self.calls += 1
-        return self.real(*args, **kwargs)
-
-    def __enter__(self) -> _CountGathers:
-        setattr(dist, self.name, self)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        setattr(dist, self.name, self.real)
-
-
 def _train(rank: int, carry: bool, accumulate: int = 1, shard: bool = False) -> dict[str, Any]:
     """InfoBatch under DDP on a small regression task; every `accumulate`-th step all-reduces."""
     g = torch.Generator().manual_seed(0)
@@ -59,7 +39,7 @@ def _train(rank: int, carry: bool, accumulate: int = 1, shard: bool = False) -> 
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     loader = DataLoader(ds, batch_size=8, sampler=ds.sampler)
     plans, step = [], 0
-    with _CountGathers() as gathers:
+    with CountedGathers() as gathers:
         for _ in range(EPOCHS):
             served = []  # this rank's trained order of the epoch
             for idx, xb, yb in loader:

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from ranks import in_process_group, spawn_ranks
+from ranks import CountedGathers, in_process_group, spawn_ranks
 from torch.utils.data import DataLoader, TensorDataset
 
 from leanbatch import InfoBatch, ScoreTable
@@ -207,42 +207,17 @@ def test_a_short_last_batch_and_unequal_selections_do_not_hang_the_ranks():
     assert all(a["scores"][i] == i for i in scored)
 
 
-class _Counted:
-    """torch's all-gather into one tensor, counting its calls and the waits on their work."""
-
-    def __init__(self, gather: Callable[..., Any]) -> None:
-        self.gather, self.calls, self.waited = gather, 0, 0
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        self.calls += 1
-        work = self.gather(*args, **kwargs)
-        counter = self
-
-        class Work:
-            def wait(self) -> bool:
-                counter.waited += 1
-                return work.wait() if work is not None else True
-
-        return Work()
-
-
 def _gather_worker(rank: int, out_dir: str) -> None:
-    name = "all_gather_single" if hasattr(dist, "all_gather_single") else "all_gather_into_tensor"
-    counted = _Counted(getattr(dist, name))
-    setattr(dist, name, counted)  # the one all-gather torch has (both names: the same collective)
-    table = ScoreTable(8)
-    idx = torch.tensor([2 * rank, 2 * rank + 1])
-    table.store(idx, torch.tensor([[float("nan"), 3.0e38], [1e-45, 0.1]][rank]), across=True)
-    after_store = (counted.calls, counted.waited)
-    values = table.values.clone()  # a read flushes: the gather is awaited here
-    edge = gather_step(torch.tensor([2**53 - 1 - rank]), torch.tensor([-float("inf") if rank else 2.5]))()
+    with CountedGathers() as counted:
+        table = ScoreTable(8)
+        idx = torch.tensor([2 * rank, 2 * rank + 1])
+        table.store(idx, torch.tensor([[float("nan"), 3.0e38], [1e-45, 0.1]][rank]), across=True)
+        after_store = (counted.calls, counted.waited)
+        values = table.values.clone()  # a read flushes: the gather is awaited here
+        edge = gather_step(torch.tensor([2**53 - 1 - rank]), torch.tensor([-float("inf") if rank else 2.5]))()
+        after_read = (counted.calls, counted.waited)
     torch.save(
-        {
-            "after_store": after_store,
-            "after_read": (counted.calls, counted.waited),
-            "values": values,
-            "edge": edge,
-        },
+        {"after_store": after_store, "after_read": after_read, "values": values, "edge": edge},
         os.path.join(out_dir, f"rank{rank}.pt"),
     )
 

@@ -126,16 +126,19 @@ class ScoreCarrier:
         self._outbox = []
         model = self._model()
         if model is None or not model.require_backward_grad_sync:  # no all-reduce coming
-            self.gathered_rows += indices.shape[0]
-            return gather_step(indices, losses, self.group)
+            return self._gather(indices, losses)
         parcel = _Parcel(indices, losses, _encode(indices, losses, self._device))
         self._outbox.append(parcel)
         return parcel.result
 
     def _send_by_gather(self, parcels: list[_Parcel]) -> None:
         for p in parcels:
-            p.fallback = gather_step(p.indices, p.losses, self.group)
-            self.gathered_rows += p.indices.shape[0]
+            p.fallback = self._gather(p.indices, p.losses)
+
+    def _gather(self, indices: Tensor, losses: Tensor) -> Callable[[], tuple[Tensor, Tensor]]:
+        """Rows that go by the plain all-gather instead (counted)."""
+        self.gathered_rows += indices.shape[0]
+        return gather_step(indices, losses, self.group)
 
     # real annotations (no ``from __future__ import annotations`` here): DDP compares them
     def _hook(self, _state: object, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:

@@ -2,14 +2,14 @@
 
 A pruning row calls :meth:`~leanbatch.InfoBatch.update` once a step. Under torchrun every rank
 receives every rank's batch rows (an index and a score each: 20 bytes a row carried, 16 by an
-all-gather), so that all ranks
-keep the same scores. The bench sends them inside DDP's gradient all-reduce of the backward pass
-that follows (:class:`~leanbatch.carrier.ScoreCarrier`): no collective of their own. One row per
+all-gather), so that all ranks keep the same scores. The bench sends them inside DDP's gradient
+all-reduce of the backward pass that follows (:class:`~leanbatch.carrier.ScoreCarrier`): no
+collective of their own. One row per
 pruning method, means over its seeds:
 
 - ``bytes_per_step``: the bytes each rank's gathers return per step (0 in one process);
-- ``gather_ms``: one step's rows by an all-gather alone, started and awaited at once, timed after training with
-  the ranks aligned (:meth:`~leanbatch.bench.world.World.time_gather`; 0 in one process);
+- ``gather_ms``: one step's rows by an all-gather alone, started and awaited at once, timed after
+  training with the ranks aligned (:meth:`~leanbatch.bench.world.World.time_gather`; 0 in one process);
 - ``overlap_ms``: what the rows add to a training step's forward and backward (DDP's all-reduce
   included) when they travel as in training: inside the gradient all-reduce
   (:meth:`~leanbatch.InfoBatch.carry_scores`), posted before the step and read after it

@@ -328,8 +328,9 @@ class Trainer:
     def _carried_share(self) -> float:
         """The share of this run's score rows that rode the gradient all-reduce (0 without a carrier)."""
         c = self.carrier
-        sent = 0 if c is None else c.carried_rows + c.gathered_rows
-        return 0.0 if c is None or sent == 0 else c.carried_rows / sent
+        if c is None or c.carried_rows + c.gathered_rows == 0:
+            return 0.0
+        return c.carried_rows / (c.carried_rows + c.gathered_rows)
 
     def _evaluate(self) -> tuple[float, float]:
         """Test accuracy and loss: under torchrun each rank evaluates a slice, summed over the ranks."""
