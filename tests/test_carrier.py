@@ -11,13 +11,14 @@ from typing import Any
 
 import pytest
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from ranks import CountedGathers, in_process_group, spawn_ranks
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 
 from leanbatch import InfoBatch, ScoreTable
-from leanbatch.carrier import ScoreCarrier
+from leanbatch.carrier import ScoreCarrier, carry_for
 
 WORLD, N, EPOCHS = 2, 150, 4
 
@@ -153,6 +154,15 @@ def _edge_worker(rank: int, out_dir: str) -> None:
     gc.collect()
     out["leaked"] = alive() is not None
 
+    # wrong use: scores over another process group than the model's (refused before any hook)
+    other = dist.new_group([0, 1])
+    fresh = DDP(copy.deepcopy(net))
+    try:
+        carry_for(ScoreTable(4), fresh, other)
+    except ValueError as e:
+        out["group"] = str(e)
+    out["fresh_carries"] = ScoreCarrier(fresh) is not None  # the refusal registered nothing
+
     # wrong use: not a DDP model; a model that already has a comm hook
     for bad, err in ((net, TypeError), (model, RuntimeError)):
         try:
@@ -175,6 +185,9 @@ def test_any_loss_and_index_arrive_exactly_and_gradients_are_ddps_own():
         assert [t.tolist() for t in r["next"]] == [[20, 21], [3.0, 4.0]]
         assert r["counts"] == (3 + 1, 1)
         assert r["ema"][:2].tolist() == [3.0, 4.0]
-        assert not r["leaked"]  # 0.5 * first + 0.5 * second, both ranks' rows
+        assert not r["leaked"]
+        assert (
+            "another process group" in r["group"] and r["fresh_carries"]
+        )  # 0.5 * first + 0.5 * second, both ranks' rows
         not_ddp, hooked = r["errors"]
         assert "DistributedDataParallel" in not_ddp and "comm hook" in hooked
