@@ -172,6 +172,27 @@ def ddp_main(out_dir: str, resume: str | None = None) -> None:
     )
 
 
+def record_collectives(strategy: Any) -> list[str]:
+    """The Lightning strategy's reduces and barriers, in order: ``log-sync`` for a reduce that syncs
+    a logged value (called from Lightning's logger connector), ``reduce`` for any other."""
+    import traceback
+
+    events: list[str] = []
+    reduce, barrier = strategy.reduce, strategy.barrier
+
+    def reduced(*args: Any, **kwargs: Any) -> Any:
+        logging = any("logger_connector" in f.filename for f in traceback.extract_stack())
+        events.append("log-sync" if logging else "reduce")
+        return reduce(*args, **kwargs)
+
+    def barred(name: str | None = None, *args: Any, **kwargs: Any) -> Any:
+        events.append(f"barrier:{name}")
+        return barrier(name, *args, **kwargs)
+
+    strategy.reduce, strategy.barrier = reduced, barred
+    return events
+
+
 def world_main(out_dir: str, devices: int, resume: str | None = None) -> None:
     """InfoBatch under ``strategy="ddp"`` on ``devices`` CPU processes, a rank-independent loss, a
     checkpoint after every step: for resuming a run saved on one number of processes on another."""
@@ -192,6 +213,7 @@ def world_main(out_dir: str, devices: int, resume: str | None = None) -> None:
         dirpath=os.path.join(out_dir, tag), filename="{step}", every_n_train_steps=1, save_top_k=-1
     )
     trainer = make_trainer([lb, saver], strategy="ddp", devices=devices, use_distributed_sampler=False)
+    collectives = record_collectives(trainer.strategy)
     trainer.fit(module, ckpt_path=resume)
     torch.save(
         {
@@ -199,6 +221,7 @@ def world_main(out_dir: str, devices: int, resume: str | None = None) -> None:
             "stats": ib.epoch_stats,
             "scores": ib.scores.values.clone(),
             "progress": lb.progress,
+            "collectives": collectives,
         },
         os.path.join(out_dir, f"{tag}-{trainer.global_rank}.pt"),
     )

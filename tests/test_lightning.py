@@ -403,6 +403,17 @@ def two_process_fit(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+def test_a_two_process_fit_ends_on_a_barrier_and_its_infobatch_logs_add_no_collective(two_process_fit):
+    """Under gloo a process that exits right after a collective on a tensor made in Python (a
+    synced log) can abort ("terminate called without an active exception"): the callback ends a
+    distributed fit on a barrier, after every reduce. InfoBatch's logs, the same on every rank, are
+    not synced: this job (InfoBatch alone, logging its stats) makes no log-sync at all."""
+    for r in range(2):
+        events = torch.load(two_process_fit / f"w2-{r}.pt", weights_only=False)["collectives"]
+        assert events[-1] == "barrier:leanbatch_train_end"
+        assert "reduce" in events and "log-sync" not in events
+
+
 @pytest.mark.parametrize("devices", [1, 3])
 def test_a_two_process_checkpoint_resumes_on_another_number_of_processes(two_process_fit, devices):
     """Saved inside a pruned epoch on 2 DDP processes, resumed on 1 or 3: the same plans, and the
