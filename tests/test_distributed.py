@@ -207,6 +207,42 @@ def test_a_short_last_batch_and_unequal_selections_do_not_hang_the_ranks():
     assert all(a["scores"][i] == i for i in scored)
 
 
+def _subset_worker(rank: int, init_file: str, out_dir: str) -> None:
+    """Each rank passes the indices of part of its batch of 4 (2 rows on rank 0, 3 on rank 1), then
+    the same rows as positions of the whole batch."""
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    try:
+        ds = InfoBatch(TensorDataset(torch.arange(16.0), torch.arange(16)), 2, seed=0)
+        x, idx = next(iter(DataLoader(ds, batch_size=4, sampler=ds.sampler)))
+        k = 2 + rank
+        try:
+            ds.update(x[:k].requires_grad_(), idx[:k])
+            error = ""
+        except ValueError as e:
+            error = str(e)
+        untouched = (ds.position.trained, ds.scores.num_scored())
+        ds.update(x[:k].requires_grad_(), idx, positions=torch.arange(k))
+        torch.save(
+            {"error": error, "untouched": untouched, "scores": ds.scores.values, "idx": idx},
+            os.path.join(out_dir, f"rank{rank}.pt"),
+        )
+    finally:
+        dist.destroy_process_group()
+
+
+def test_indices_of_part_of_the_batch_are_refused_on_every_rank_before_the_gather():
+    """The ranks gather one row per index, so a rank passing fewer indices than its batch (a
+    different number on each rank) would make gloo abort the process; it is a ValueError naming
+    the fix instead, before anything changes, and positions= then trains the same rows."""
+    runs = run_ranks(_subset_worker)
+    for rank, run in enumerate(runs):
+        assert f"indices has {2 + rank} entries but the batches of this epoch have 4" in run["error"]
+        assert "positions=rows" in run["error"] and run["untouched"] == (0, 0)
+    assert torch.equal(runs[0]["scores"].nan_to_num(-1), runs[1]["scores"].nan_to_num(-1))
+    trained = torch.cat([runs[0]["idx"][:2], runs[1]["idx"][:3]])
+    assert torch.equal(runs[0]["scores"][trained], trained.float())
+
+
 def _gather_worker(rank: int, out_dir: str) -> None:
     with CountedGathers() as counted:
         table = ScoreTable(8)

@@ -236,7 +236,9 @@ class InfoBatch(Dataset):
         if positions is not None:
             positions = _check_positions(positions, k, n)
         record = self.sampler.record
-        step = record.prepare(n)  # checked before anything changes
+        # Distributed: the ranks gather n rows each, so n must be the batch's size on every rank
+        # (gloo aborts the process on unequal sizes); checked against the batch the loader fetched.
+        step = record.prepare(n, batch=record.distributed, subject="indices")  # before anything changes
         if indices.device.type == "cpu":
             # Our own copy: a caller's CPU tensor can alias memory that changes without torch
             # knowing (torch.from_numpy of a reused array), which no version check would see.

@@ -194,8 +194,9 @@ class Fetches:
         if self._largest is not None:
             self._largest.zero_()
 
-    def check(self, it: Iteration, n: int, implicit: bool) -> None:
-        """Refuse an update of ``n`` samples from ``it`` that is not the size of the batch it trains."""
+    def check(self, it: Iteration, n: int, implicit: bool, subject: str = "loss") -> None:
+        """Refuse an update of ``n`` samples from ``it`` that is not the size of the batch it trains
+        (``subject``: what the message says has ``n`` entries)."""
         last = it.trained + n == it.length  # a short last batch ends the iteration
         if self._queue:
             expected = self._queue[0]
@@ -206,8 +207,8 @@ class Fetches:
                 expected = n
         if expected and n != expected:
             raise ValueError(
-                f"loss has {n} entries but the batches of this epoch have {expected} (the one it trains "
-                "included): pass one loss per sample of the batch, in order (reduction='none', nothing "
-                "filtered out), one update() per batch; for a subset of the batch pass its rows: "
+                f"{subject} has {n} entries but the batches of this epoch have {expected} (the one it "
+                "trains included): pass the whole batch, in order (one loss per sample, reduction='none', "
+                "nothing filtered out), one update() per batch; for a subset of the batch pass its rows: "
                 "update(loss, indices, positions=rows)"
             )

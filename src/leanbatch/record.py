@@ -240,13 +240,19 @@ class TrainingRecord:
         return it
 
     def prepare(
-        self, n: int, indices: bool = False, batch: bool = False, what: str = "update(loss, indices)"
+        self,
+        n: int,
+        indices: bool = False,
+        batch: bool = False,
+        what: str = "update(loss, indices)",
+        subject: str = "loss",
     ) -> Step:
         """The step that trains the next ``n`` served samples: checked, nothing marked yet.
 
         Returns the plan that served them, their dataset indices (``indices=True``) and how many
         of them score. ``batch``: the ``n`` samples are one batch a DataLoader fetched (one
-        ``update()``), so ``n`` is checked against the batch's size (see :meth:`fetched`). Store
+        ``update()``), so ``n`` is checked against the batch's size (see :meth:`fetched`; the error
+        says ``subject`` has ``n`` entries). Store
         the step's scores, then :meth:`commit` it. Without an iteration being served, the
         current plan is returned and committing counts nothing.
         """
@@ -259,7 +265,7 @@ class TrainingRecord:
                 )
             return Step(self.plan(), None, n)
         if batch:
-            self.fetches.check(it, n, implicit=indices)
+            self.fetches.check(it, n, implicit=indices, subject=subject)
         return Step(it.plan, it.peek(n) if indices else None, it.scored(n))
 
     def commit(self, n: int, merged: bool = False) -> None:
