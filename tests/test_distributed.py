@@ -120,6 +120,32 @@ def test_global_plan_on_every_rank_with_merged_scores_and_world_mismatch_refused
     assert len(a["errors"]) == 1 and "process group has 2 processes" in a["errors"][0]
 
 
+def _mean_worker(rank: int, init_file: str, out_dir: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    try:
+        table = ScoreTable(4, ema=0.5, variance=True)
+        for loss in [[1.0, 3.0], [5.0]][rank]:  # index 0: mean 2, variance 1 on rank 0; 5 and 0 on rank 1
+            table.update(torch.tensor([0]), torch.tensor([loss]))
+        table.update(torch.tensor([1]), torch.tensor([3e38]))  # two writers of a huge loss: no overflow
+        if rank == 1:
+            table.update(torch.tensor([2]), torch.tensor([7.0]))  # one writer
+        table.sync()
+        torch.save((table.values, table.variances), os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_merge_takes_the_mean_of_the_ranks_that_wrote_each_index_variances_included():
+    """Writes that bypass update() are merged: per index, the mean over the ranks that wrote it,
+    of the scores and of the EMA variances; huge losses do not overflow; unwritten stay NaN."""
+    (va, vara), (vb, varb) = run_ranks(_mean_worker)
+    assert torch.equal(va.nan_to_num(-1), vb.nan_to_num(-1)) and torch.equal(
+        vara.nan_to_num(-1), varb.nan_to_num(-1)
+    )
+    assert torch.equal(va[:3], torch.tensor([3.5, 3e38, 7.0])) and va[3].isnan()
+    assert vara[:3].tolist() == [0.5, 0.0, 0.0] and vara[3].isnan()
+
+
 def _resume_worker(rank: int, init_file: str, out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
     try:

@@ -135,6 +135,37 @@ def all_gather_rows(t: torch.Tensor, group: Any = None) -> torch.Tensor:
     return out
 
 
+def mean_of_writers(
+    values: torch.Tensor, written: torch.Tensor, var: torch.Tensor | None = None, group: Any = None
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per row, the mean over the ranks of ``group`` that wrote it (``written``) of their ``values``
+    (and ``var``); a row no rank wrote keeps this rank's value. All-reduces, on :func:`comm_device`.
+
+    Each rank adds its value divided by the number of writers, so the sum is their mean and cannot
+    overflow float32, however large the values. Without a process group of several processes,
+    the rows written keep their values: the mean of one writer.
+
+    Example:
+        >>> import torch
+        >>> mean_of_writers(torch.tensor([1.0, 2.0]), torch.tensor([True, False]))[0].tolist()
+        [1.0, 2.0]
+    """
+    dev = comm_device(group)
+    count = written.to(dev, torch.float32)
+    if is_distributed(group):
+        dist.all_reduce(count, group=group)
+    share = torch.where(written.to(dev), values.to(dev) / count.clamp(min=1), 0.0)
+    if is_distributed(group):
+        dist.all_reduce(share, group=group)
+    merged = torch.where(count > 0, share, values.to(dev))
+    if var is None:
+        return merged, None
+    total_var = torch.where(written.to(dev), var.to(dev), 0.0)
+    if is_distributed(group):
+        dist.all_reduce(total_var, group=group)
+    return merged, torch.where(count > 0, total_var / count.clamp(min=1), var.to(dev))
+
+
 def _start_gather(t: torch.Tensor, group: Any) -> tuple[torch.Tensor, Any]:
     """Start all-gathering ``t`` on :func:`comm_device`: the output, and the work to wait on."""
     t = _to_comm(t, comm_device(group)).contiguous()

@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from leanbatch.checks import check_per_sample_loss
-from leanbatch.rng import gather_step, is_distributed, same_group, world_size
+from leanbatch.rng import gather_step, is_distributed, mean_of_writers, same_group, world_size
 from leanbatch.slices import Slice
 
 if TYPE_CHECKING:
@@ -338,9 +338,7 @@ class ScoreTable:
         Each rank contributes the scores it wrote; an index written by several ranks
         gets their mean. No-op outside an initialised process group of size > 1.
         """
-        import torch.distributed as dist
-
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) < 2:
+        if not is_distributed(group):
             return
         if self.slice.world > 1:  # sharded: each owner stores its own rows; nothing to merge
             self._unmerged = False
@@ -350,21 +348,10 @@ class ScoreTable:
             self._touched = torch.cat(
                 [~torch.isnan(self.values), self._values.new_zeros(1, dtype=torch.bool)]
             )
-        touched = self._touched[: self.num_samples]
-        backend = dist.get_backend(group)
-        dev = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
-        count = touched.to(dev, torch.float32)
-        dist.all_reduce(count, group=group)
-        # Each rank adds its score divided by the number of ranks that wrote it: the sum is their
-        # mean and cannot overflow float32, however large the losses.
-        share = torch.where(touched.to(dev), self.values.to(dev) / count.clamp(min=1), 0.0)
-        dist.all_reduce(share, group=group)
-        merged = torch.where(count > 0, share, self.values.to(dev))
-        if self._var is not None:  # the variances of an index several ranks wrote are averaged too
-            var = self.variances
-            total_var = torch.where(touched, var, torch.zeros_like(var)).to(dev)
-            dist.all_reduce(total_var, group=group)
-            var.copy_(torch.where(count > 0, total_var / count.clamp(min=1), var.to(dev)))
+        var = self.variances if self._var is not None else None  # averaged over the writers too
+        merged, merged_var = mean_of_writers(self.values, self._touched[: self.num_samples], var, group)
+        if var is not None and merged_var is not None:
+            var.copy_(merged_var)
         self.values.copy_(merged)
         self._touched = torch.zeros_like(self._touched)
         self._unmerged = False
