@@ -163,6 +163,11 @@ def _edge_worker(rank: int, out_dir: str) -> None:
         out["group"] = str(e)
     out["fresh_carries"] = ScoreCarrier(fresh) is not None  # the refusal registered nothing
 
+    # once per model: asked again for the model it carries with (a second fit), the same carrier
+    again = ScoreTable(4)
+    twice = DDP(copy.deepcopy(net))
+    out["same_carrier"] = carry_for(again, twice) is carry_for(again, twice) is again.carrier
+
     # wrong use: not a DDP model; a model that already has a comm hook
     for bad, err in ((net, TypeError), (model, RuntimeError)):
         try:
@@ -189,5 +194,6 @@ def test_any_loss_and_index_arrive_exactly_and_gradients_are_ddps_own():
         assert (
             "another process group" in r["group"] and r["fresh_carries"]
         )  # 0.5 * first + 0.5 * second, both ranks' rows
+        assert r["same_carrier"]
         not_ddp, hooked = r["errors"]
         assert "DistributedDataParallel" in not_ddp and "comm hook" in hooked

@@ -113,6 +113,11 @@ class ScoreCarrier:
                 "the carrier on a model with no comm hook, before its first backward"
             ) from None
 
+    @property
+    def model(self) -> Any:
+        """The DDP model whose all-reduce carries the rows (``None`` once it is gone)."""
+        return self._model()
+
     def post(self, indices: Tensor, losses: Tensor) -> Callable[[], tuple[Tensor, Tensor]]:
         """Queue one step's rows; returns the call that gives every rank's rows in rank order.
 
@@ -189,6 +194,8 @@ def carry_for(table: "ScoreTable", model: Any, group: Any = None) -> ScoreCarrie
     """A :class:`ScoreCarrier` on ``model`` that ``table`` sends its rows with (what
     :meth:`~leanbatch.InfoBatch.carry_scores` does); ``ValueError`` when the model all-reduces over
     another process group than ``group`` (``None``: the default one), checked before any hook.
+    Once per model: called again with the model the table already carries with (a second fit on
+    the same wrapper), the same carrier.
 
     Example:
         >>> from leanbatch.scores import ScoreTable
@@ -199,6 +206,8 @@ def carry_for(table: "ScoreTable", model: Any, group: Any = None) -> ScoreCarrie
         ...     print(type(e).__name__)
         TypeError
     """
+    if table.carrier is not None and table.carrier.model is model:
+        return table.carrier  # DDP takes one comm hook: it is already ours
     own = getattr(model, "process_group", None)
     if own is not None and not same_group(own, group):
         raise ValueError(

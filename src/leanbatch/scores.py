@@ -220,6 +220,11 @@ class ScoreTable:
         self.flush()
         self._carrier = carrier
 
+    @property
+    def carrier(self) -> ScoreCarrier | None:
+        """What ``store(across=True)``'s rows are sent with (:meth:`send_with`); ``None``: an all-gather."""
+        return self._carrier
+
     def flush(self) -> None:
         """Write the queued losses into the table (skipping and counting non-finite ones).
 
