@@ -37,6 +37,38 @@ def test_a_consistently_short_loss_is_an_error_before_any_score_lands(workers):
     assert ds.scores.num_scored() == 0 and ds.position.trained == 0  # nothing landed, nothing counted
 
 
+def test_two_workers_fetching_at_once_never_lose_the_larger_batch_size(monkeypatch):
+    """The interleaving one CI run met (a valid batch of 16 then refused as "the batches have 7"):
+    worker 1 reads the shared size while fetching the epoch's short last batch, worker 0 records a
+    full batch, then worker 1 records its own. Each worker now writes only its own slot."""
+    from types import SimpleNamespace
+
+    import leanbatch.ledger as ledger
+
+    ds = InfoBatch(data(), 2, seed=0)
+    mine = ds.record.fetches
+    full = short = mine  # each worker's copy shares the tracked size tensor (shared memory)
+    worker = {"id": 1}
+    monkeypatch.setattr(ledger.os, "getpid", lambda: -1)  # not the training process
+    monkeypatch.setattr(ledger, "get_worker_info", lambda: SimpleNamespace(id=worker["id"]), raising=False)
+
+    def read_then_let_worker_0_in(value):  # worker 1 reads the shared size; worker 0 runs next
+        monkeypatch.setattr(ledger, "int", int, raising=False)
+        read = int(value)
+        worker["id"] = 0
+        full.fetched(16)
+        worker["id"] = 1
+        return read
+
+    monkeypatch.setattr(ledger, "int", read_then_let_worker_0_in, raising=False)
+    short.fetched(7)
+    monkeypatch.undo()
+    from leanbatch.policies import full_plan
+
+    it = ledger.Iteration(0, full_plan(0, 64), world=1, rank=0, origin=0, length=64)
+    mine.check(it, 16, implicit=True)  # a batch of 16 is the size the workers fetched
+
+
 def test_a_subset_of_the_batch_without_positions_is_an_error_and_with_them_lands_right():
     ds = InfoBatch(data(), 2, seed=0)
     it = iter(DataLoader(ds, batch_size=4, sampler=ds.sampler))

@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 import torch
 from torch import Tensor
+from torch.utils.data import get_worker_info
 
 from leanbatch.policies import Plan
 
@@ -145,12 +146,16 @@ class Iteration:
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
+WORKER_SLOTS = 64  # DataLoader workers whose fetched sizes never share a slot (ids modulo this)
+
+
 class Fetches:
     """The sizes of the batches a DataLoader fetched through the dataset, to check updates against.
 
     In this process (no worker processes) the sizes queue up in fetch order, which is the order
     the batches are trained in; worker processes share only the largest (through a shared-memory
-    tensor made by :meth:`track`, before they start). An update without indices is then checked
+    tensor made by :meth:`track`, before they start: one slot per worker, which only that worker
+    writes, so two workers fetching at once cannot lose the larger size). An update is then checked
     against the batch it trains, so a loss of the wrong length fails before a score lands on a
     wrong sample.
 
@@ -174,14 +179,17 @@ class Fetches:
     def track(self) -> None:
         """Share the largest fetched size with worker processes (call before they start)."""
         if self._largest is None:
-            self._largest = torch.zeros(1, dtype=torch.int64).share_memory_()
+            self._largest = torch.zeros(WORKER_SLOTS, dtype=torch.int64).share_memory_()
 
     def fetched(self, n: int) -> None:
         """A batch of ``n`` samples was fetched (``Dataset.__getitems__``)."""
         if os.getpid() == self._owner:
             self._queue.append(n)
-        elif self._largest is not None and n > int(self._largest):
-            self._largest.fill_(n)
+        elif self._largest is not None:
+            info = get_worker_info()
+            slot = 0 if info is None else info.id % WORKER_SLOTS  # this worker's own: one writer
+            if n > int(self._largest[slot]):
+                self._largest[slot] = n
 
     def trained(self) -> None:
         """The oldest fetched batch was trained."""
@@ -201,7 +209,7 @@ class Fetches:
         if self._queue:
             expected = self._queue[0]
         else:
-            shared = 0 if self._largest is None else int(self._largest)
+            shared = 0 if self._largest is None else int(self._largest.max())
             expected = shared or (it.batch if implicit else 0)
             if last and n <= expected:
                 expected = n
