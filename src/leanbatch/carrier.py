@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from leanbatch.rng import _to_comm, comm_device, gather_step, same_group
+from leanbatch.rng import _to_comm, comm_device, gather_step, is_distributed, same_group
 
 if TYPE_CHECKING:
     from leanbatch.scores import ScoreTable
@@ -232,7 +232,7 @@ def carry_if_ddp(ds: Any, model: Any) -> ScoreCarrier | None:
     """
     from torch.nn.parallel import DistributedDataParallel
 
-    if not isinstance(model, DistributedDataParallel) or dist.get_world_size(model.process_group) < 2:
+    if not isinstance(model, DistributedDataParallel) or not is_distributed(model.process_group):
         return None
     try:
         carrier: ScoreCarrier = ds.carry_scores(model)

@@ -150,20 +150,22 @@ def mean_of_writers(
         >>> mean_of_writers(torch.tensor([1.0, 2.0]), torch.tensor([True, False]))[0].tolist()
         [1.0, 2.0]
     """
-    dev = comm_device(group)
-    count = written.to(dev, torch.float32)
-    if is_distributed(group):
+    dev, shared = comm_device(group), is_distributed(group)
+    mine = written.to(dev)
+    count = mine.to(torch.float32)
+    if shared:
         dist.all_reduce(count, group=group)
-    share = torch.where(written.to(dev), values.to(dev) / count.clamp(min=1), 0.0)
-    if is_distributed(group):
-        dist.all_reduce(share, group=group)
-    merged = torch.where(count > 0, share, values.to(dev))
+    old, n = values.to(dev), count.clamp(min=1)
+    parts = [torch.where(mine, old / n, 0.0)]  # a score: this rank's share of the writers' mean
+    if var is not None:  # a variance: summed, then divided (one all-reduce for both)
+        parts.append(torch.where(mine, var.to(dev), 0.0))
+    sums = torch.stack(parts)
+    if shared:
+        dist.all_reduce(sums, group=group)
+    merged = torch.where(count > 0, sums[0], old)
     if var is None:
         return merged, None
-    total_var = torch.where(written.to(dev), var.to(dev), 0.0)
-    if is_distributed(group):
-        dist.all_reduce(total_var, group=group)
-    return merged, torch.where(count > 0, total_var / count.clamp(min=1), var.to(dev))
+    return merged, torch.where(count > 0, sums[1] / n, var.to(dev))
 
 
 def _start_gather(t: torch.Tensor, group: Any) -> tuple[torch.Tensor, Any]:

@@ -15,7 +15,6 @@ from collections.abc import Callable
 from typing import Any
 
 import lightning.pytorch as pl
-import torch.distributed as dist
 from torch import Tensor
 from torch.utils.data import DataLoader
 
@@ -24,6 +23,7 @@ from leanbatch.checks import check_per_sample_loss
 from leanbatch.infobatch import InfoBatch
 from leanbatch.lightning import loop
 from leanbatch.lightning.data import EpochSampler, WithIndex, join_index, split_index
+from leanbatch.rng import initialized, is_distributed
 from leanbatch.selection import SelectiveBackprop
 
 __all__ = ["LeanBatchCallback"]
@@ -287,33 +287,27 @@ class LeanBatchCallback(pl.Callback):
         ib, sb = self.infobatch, self.selective_backprop
         if not self.log_stats:
             return
-        metrics: dict[str, float] = {}
-        totals: dict[str, float] = {}
         if ib is not None:
+            # InfoBatch's figures are the same on every rank (one plan, one score table): logged with
+            # no collective (rank_zero_only turns Lightning's sync off without its "use sync_dist" warning).
+            shared: dict[str, float] = {"leanbatch/pruned_so_far": float(ib.get_pruned_count())}
             stats = next((s for s in ib.epoch_stats if s["epoch"] == trainer.current_epoch), None)
             if stats is not None:
-                metrics["leanbatch/kept_fraction"] = stats["kept"] / stats["num_samples"]
+                shared["leanbatch/kept_fraction"] = stats["kept"] / stats["num_samples"]
                 threshold = stats["threshold"]  # None: this epoch does not prune
-                metrics["leanbatch/threshold"] = float("nan") if threshold is None else float(threshold)
-            metrics["leanbatch/pruned_so_far"] = float(ib.get_pruned_count())
+                shared["leanbatch/threshold"] = float("nan") if threshold is None else float(threshold)
+            pl_module.log_dict(shared, on_step=False, on_epoch=True, sync_dist=True, rank_zero_only=True)
         if sb is not None:
+            # Selective Backprop's are each rank's own: averaged across ranks, the skipped count summed.
             st, start = sb.stats, self._epoch_start
             seen = st.examples - start["examples"]
-            metrics["leanbatch/sb_backprop_fraction"] = (
-                (st.backpropagated - start["bp"]) / seen if seen else 1.0
-            )
-            metrics["leanbatch/sb_selection_time_s"] = self.select_time_s - start["time"]
-            totals["leanbatch/sb_skipped_so_far"] = float(st.skipped)
-        distributed = dist.is_available() and dist.is_initialized()
-        # InfoBatch's figures are the same on every rank (one plan, one score table): logged with no
-        # collective (rank_zero_only turns Lightning's sync off without its "use sync_dist" warning).
-        shared = {k: v for k, v in metrics.items() if not k.startswith("leanbatch/sb_")}
-        pl_module.log_dict(shared, on_step=False, on_epoch=True, sync_dist=True, rank_zero_only=True)
-        # Selective Backprop's are each rank's own: averaged across ranks, the skipped count summed.
-        own = {k: v for k, v in metrics.items() if k not in shared}
-        if own:
-            pl_module.log_dict(own, on_step=False, on_epoch=True, sync_dist=distributed)
-            pl_module.log_dict(totals, on_step=False, on_epoch=True, sync_dist=distributed, reduce_fx="sum")
+            own = {
+                "leanbatch/sb_backprop_fraction": (st.backpropagated - start["bp"]) / seen if seen else 1.0,
+                "leanbatch/sb_selection_time_s": self.select_time_s - start["time"],
+            }
+            pl_module.log_dict(own, on_step=False, on_epoch=True, sync_dist=initialized())
+            totals = {"leanbatch/sb_skipped_so_far": float(st.skipped)}
+            pl_module.log_dict(totals, on_step=False, on_epoch=True, sync_dist=initialized(), reduce_fx="sum")
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """A barrier at the end of a distributed fit, after the last epoch's synced logs.
@@ -325,7 +319,7 @@ class LeanBatchCallback(pl.Callback):
         ("terminate called without an active exception": 6 of 39 two-process test fits did).
         The barrier waits with the GIL released, so those threads finish while Python still runs.
         """
-        if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        if is_distributed():
             trainer.strategy.barrier("leanbatch_train_end")
 
     def _snapshot(self) -> None:
