@@ -45,13 +45,29 @@ DEADLINE = 240.0  # seconds: generous on a busy two-core machine; a test past it
 pytestmark = pytest.mark.usefixtures("restore_torch_globals")
 
 
+def _default_sigint() -> None:
+    """In the child before it starts: SIGINT's default disposition.
+
+    A background job of a non-interactive shell (CI runners, ``nohup``, ``cmd &``) starts with
+    SIGINT ignored, and an ignored signal stays ignored across ``exec``: Python would then never
+    install its KeyboardInterrupt handler, and these tests would test the shell, not leanbatch.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Child:
-    """A subprocess whose stdout lines can be awaited with a deadline."""
+    """A subprocess whose stdout lines can be awaited with a deadline (SIGINT at its default)."""
 
     def __init__(self, argv: list[str], cwd: Path):
         env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
         self.proc = subprocess.Popen(
-            argv, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            argv,
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            preexec_fn=_default_sigint,
         )
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.seen: list[str] = []
@@ -97,6 +113,20 @@ def _bench(out: Path, *extra: str) -> list[str]:
 
 
 # ---------------------------------------------------------------------------- Ctrl-C
+def test_a_child_answers_ctrl_c_even_when_the_suite_runs_with_sigint_ignored(tmp_path: Path) -> None:
+    """The suite run as a background job (SIGINT ignored) still gives its children Python's handler."""
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        child = Child(
+            [sys.executable, "-c", "import signal; print(signal.getsignal(signal.SIGINT))"], tmp_path
+        )
+    finally:
+        signal.signal(signal.SIGINT, before)
+    code, out, err = child.finish()
+    assert code == 0, err
+    assert "default_int_handler" in out
+
+
 def test_ctrl_c_after_a_seed_keeps_the_earlier_complete_result(tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()

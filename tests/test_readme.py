@@ -60,3 +60,28 @@ def test_the_readme_is_a_map_with_its_two_commands():
     assert text.count("<!-- main-command -->") == 1 and text.count("<!-- test-command -->") == 1
     for target in re.findall(r"\]\(((?:docs|benchmarks|examples)/[^)#]*)\)", text):
         assert (README.parent / target).exists(), target
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_relative_link_of_the_docs_resolves_from_its_own_file():
+    """README, changelog and docs: each relative link names a file that exists where the page is read
+    (GitHub resolves a link from the page's own folder), and each anchor a heading of that page."""
+    root = README.parent
+    pages = [README, root / "CHANGELOG.md", *sorted((root / "docs").rglob("*.md"))]
+    broken = []
+    for page in pages:
+        prose = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+        for link in re.findall(r"\]\((?!https?://|mailto:)([^)\s]+)\)", prose):
+            path, _, anchor = link.partition("#")
+            target = page.parent / path if path else page
+            if not target.exists():
+                broken.append(f"{page.relative_to(root)}: {link}")
+            elif anchor and target.suffix == ".md":
+                headings = re.findall(r"^#+ (.*)$", target.read_text(), flags=re.M)
+                if anchor not in {_slug(h) for h in headings}:
+                    broken.append(f"{page.relative_to(root)}: {link} (no such heading)")
+    assert broken == []

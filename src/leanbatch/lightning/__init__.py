@@ -9,13 +9,34 @@ Lightning's hooks; no algorithm lives here:
   :meth:`~LeanBatchCallback.select` (Selective Backprop) and return
   :meth:`~LeanBatchCallback.loss`.
 - :class:`WithIndex`, :class:`EpochSampler` - what goes in the DataLoader (items that
-  carry their dataset index; the plan as Lightning counts an epoch's batches).
+  carry their dataset index; the plan as Lightning counts an epoch's batches). Both are
+  plain torch and import without Lightning; :class:`LeanBatchCallback` loads Lightning on
+  first use and, where it is missing, says which extra to install.
 
 Example:
     >>> from leanbatch.lightning import LeanBatchCallback, WithIndex, EpochSampler
 """
 
-from leanbatch.lightning.callback import LeanBatchCallback
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from leanbatch.lightning.data import EpochSampler, WithIndex
+from leanbatch.optional import import_with_extra
+
+if TYPE_CHECKING:
+    from leanbatch.lightning.callback import LeanBatchCallback
 
 __all__ = ["EpochSampler", "LeanBatchCallback", "WithIndex"]
+
+
+def __getattr__(name: str) -> Any:
+    """Load :class:`LeanBatchCallback` (and Lightning with it) on first use."""
+    if name != "LeanBatchCallback":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = import_with_extra(
+        "leanbatch.lightning.callback", "lightning", ("lightning", "pytorch_lightning")
+    )
+    value = module.LeanBatchCallback
+    globals()[name] = value
+    return value
