@@ -8,7 +8,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from leanbatch.bench import micro
 from leanbatch.bench import train as train_mod
 from leanbatch.bench.data import load_data
 from leanbatch.bench.interleave import train_interleaved
@@ -23,6 +22,7 @@ from leanbatch.bench.train import (
     TrainConfig,
     budget_steps,
 )
+from leanbatch.micro import overheads as micro
 from leanbatch.schedule import cosine
 
 

@@ -70,7 +70,7 @@ def run_report(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------- micro
 def run_micro(args: argparse.Namespace) -> int:
     """``leanbatch micro plan|update|select``."""
-    from leanbatch.bench import micro
+    from leanbatch.micro import overheads as micro
 
     json_path = check_micro_options(args)
     if args.micro == "plan":
@@ -78,7 +78,7 @@ def run_micro(args: argparse.Namespace) -> int:
         if args.world is not None and not args.shard:
             raise CLIError("--world simulates the ranks of a sharded plan: add --shard")
         if args.shard:
-            from leanbatch.bench import micro_sharded
+            from leanbatch.micro import sharded as micro_sharded
 
             world = 8 if args.world is None else args.world
             if world < 1 or min(sizes) < world:
