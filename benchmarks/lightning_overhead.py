@@ -25,11 +25,11 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-
-from leanbatch import InfoBatch
 from leanbatch.bench.data import load_data
 from leanbatch.bench.methods import parse_methods
 from leanbatch.bench.train import TrainConfig, Trainer, warm_up
+
+from leanbatch import InfoBatch
 from leanbatch.lightning import LeanBatchCallback
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "lightning_mnist.py"

@@ -27,8 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from leanbatch.bench.files import atomic_write_text
 from leanbatch.checks import check_int
+from leanbatch.engine.files import atomic_write_text
 
 __all__ = [
     "bench_plan",
@@ -300,8 +300,8 @@ def bench_select(batch_size: int, steps: int, device: str = "cpu") -> list[dict[
 
     ``ValueError`` unless ``batch_size >= 2`` (the selected half holds a sample) and ``steps >= 1``.
     """
-    from leanbatch.bench.models import SmallCNN
     from leanbatch.selection import SelectiveBackprop, select_indices
+    from leanbatch.tasks.images.models import SmallCNN
 
     check_int(steps, "steps", 1)
     check_int(batch_size, "batch_size", 2)  # the selected half must hold a sample
@@ -366,6 +366,6 @@ def format_select(rows: list[dict[str, Any]]) -> str:
 
 def write_json(path: Path, kind: str, rows: list[dict[str, Any]]) -> None:
     """Write one micro-benchmark's rows with the versions they were measured with (atomically)."""
-    from leanbatch.bench.report import versions
+    from leanbatch.engine.results import versions
 
     atomic_write_text(path, json.dumps({"benchmark": kind, "versions": versions(), "rows": rows}, indent=1))
