@@ -311,20 +311,21 @@ def test_the_clock_counts_training_only_and_turns_keep_each_arms_global_random_s
 
 
 def test_the_tabular_example_runs_every_kind_of_arm_through_the_selection_hook() -> None:
-    """``examples/tabular_task.py``, cut to 600 rows and 2 epochs: pruning, batch-level selection and
+    """``examples/tabular_task.py``, cut to 1,200 rows and 3 epochs: pruning, batch-level selection and
     its twin, a budget, all through one loop."""
     task = _task_at(TASKS.parent.parent / "examples" / "tabular_task.py")
     example = __import__("sys").modules[task.__module__]
-    example.EPOCHS, example.X_TRAIN, example.Y_TRAIN = 2, example.X_TRAIN[:600], example.Y_TRAIN[:600]
+    example.EPOCHS, example.X_TRAIN, example.Y_TRAIN = 3, example.X_TRAIN[:1200], example.Y_TRAIN[:1200]
     report = bench(task, methods="baseline,infobatch,obs[keep=0.5],sb[scale_factor=1,start=0]", seeds=[0], controls=True,
                    budgets="0.5,1", batch_budgets="none", metric="accuracy")  # fmt: skip
     runs = {r["method"]: r for r in report["runs"]}
     assert report["failed"] == [] and set(runs) == {"baseline", "baseline[budget=0.5]", "infobatch", "infobatch~random", "obs[keep=0.5]",
                                                    "obs[keep=0.5]~uniform", "sb[scale_factor=1,start=0]", "sb[scale_factor=1,start=0]~uniform"}  # fmt: skip
     assert runs["obs[keep=0.5]"]["backward_fraction"] == pytest.approx(0.5, abs=0.03)  # half of every batch
+    sb, twin = runs["sb[scale_factor=1,start=0]"], runs["sb[scale_factor=1,start=0]~uniform"]
     assert (
-        runs["sb[scale_factor=1,start=0]"]["forward_fraction"]
-        > 1.4
-        > runs["sb[scale_factor=1,start=0]~uniform"]["forward_fraction"]
-    )
-    assert all(r["metric"] > 40 for r in runs.values())  # every arm learned (chance: 25%)
+        sb["forward_fraction"] > 1.1 > 1.0 > twin["forward_fraction"] == twin["backward_fraction"]
+    )  # its scoring pass
+    assert all(r["metric"] > 40 for r in runs.values()), {
+        k: r["metric"] for k, r in runs.items()
+    }  # chance: 25%
