@@ -112,8 +112,8 @@ class _Counts:
     def __init__(self) -> None:
         self.steps = self.rows = self.largest = 0
 
-    def add(self, loss: Tensor, indices: Any) -> None:
-        n = int(loss.shape[0] if indices is None else len(indices))
+    def add(self, loss: Any, indices: Any) -> None:
+        n = int(len(loss) if indices is None else len(indices))
         self.steps, self.rows, self.largest = self.steps + 1, self.rows + n, max(self.largest, n)
 
 

@@ -5,13 +5,13 @@
   Backprop): the LightningModule builds its loader with ``lb.dataloader(batch_size=run.batch_size(B))``,
   calls ``lb.select`` and returns ``lb.loss(loss, idx)`` as ever. Validation is off the clock, and
   after each validation the metric Lightning logged (``self.log(name, value)``) becomes
-  ``run.log``. A budget arm stops the fit after its steps; its ``progress`` (what
+  ``run.log``; the clock starts with the fit's training. A budget arm stops the fit after its steps; its ``progress`` (what
   ``ProgressLR(opt, lb, ...)`` reads) reaches 1.0 there.
 - ``run.trainer(model=..., args=..., train_dataset=...)`` returns a ``transformers.Trainer``: a
   :class:`~leanbatch.hf.LeanBatchTrainer` for a pruning or selecting arm, the stock ``Trainer`` for
   the baseline, with ``max_steps`` set to a budget arm's steps (its schedule then ends there).
-  Evaluation is off the clock and each evaluation inside ``train()`` becomes ``run.log``
-  (``eval_loss`` and the others).
+  Evaluation is off the clock, the clock starts with ``train()``, and each evaluation inside
+  ``train()`` becomes ``run.log`` (``eval_loss`` and the others).
 
 Only Selective Backprop and its uniform twin select inside the frameworks' adapters; ``obs`` and
 ``rho-loss`` need a plain loop's ``run.select``.
@@ -102,13 +102,18 @@ def _callback_class() -> type:
             if total is not None and self.run.data.counts.steps >= total:
                 trainer.should_stop = True  # the budget is spent: the fit ends after this batch
 
+        def on_train_start(self, trainer: Any, module: Any) -> None:
+            super().on_train_start(trainer, module)
+            self.run.clock.start()  # the fit's set-up is the framework's, not the arm's
+
         def on_validation_start(self, trainer: Any, module: Any) -> None:
             self._off.enter_context(self.run.untimed())
 
         def on_validation_end(self, trainer: Any, module: Any) -> None:
             self._off.close()
             if not trainer.sanity_checking:
-                self.run.log(epoch=trainer.current_epoch, **_numbers(trainer.callback_metrics))
+                values = {k: v for k, v in _numbers(trainer.callback_metrics).items() if k != "epoch"}
+                self.run.log(epoch=trainer.current_epoch, **values)
 
     _CALLBACK.append(ArmCallback)
     return ArmCallback
@@ -122,7 +127,6 @@ def lightning_callback(
     ib = _data(run, dataset, num_epochs)
     cb = _callback_class()(run, ib, _selector(run, loss_fn, proxy), **kwargs)
     run.data = ib
-    run.clock.start()
     return cb
 
 
@@ -145,10 +149,11 @@ def _trainer_class(base: type) -> type:
 
         def __init__(self, *args: Any, run: Run, **kwargs: Any):
             super().__init__(*args, **kwargs)
-            self.run, self._training = run, False
+            self.run, self._training, self._skipped = run, False, 0
 
         def train(self, *args: Any, **kwargs: Any) -> Any:
             self._training = True
+            self.run.clock.start()  # the trainer's set-up is the framework's, not the arm's
             try:
                 return super().train(*args, **kwargs)
             finally:
@@ -160,7 +165,10 @@ def _trainer_class(base: type) -> type:
                 if isinstance(inputs, dict)
                 else inputs
             )
-            self.run.data.counts.add(first, None)
+            sel = self.run._selector  # rows the selection took out of this batch (before this step) count too
+            skipped = 0 if sel is None else sel.stats.skipped - self._skipped
+            self._skipped += skipped
+            self.run.data.counts.add(range(len(first) + skipped), None)
             return super().training_step(model, inputs, *args, **kwargs)
 
         def evaluate(self, *args: Any, **kwargs: Any) -> Any:
@@ -168,7 +176,8 @@ def _trainer_class(base: type) -> type:
                 metrics = super().evaluate(*args, **kwargs)
             if self._training:
                 epoch = max(0, math.ceil(float(self.state.epoch or 0.0)) - 1)
-                self.run.log(epoch=epoch, **_numbers(metrics))
+                values = {k: v for k, v in _numbers(metrics).items() if k != "epoch"}
+                self.run.log(epoch=epoch, **values)
             return metrics
 
     return ArmTrainer
@@ -204,5 +213,4 @@ def hf_trainer(run: Run, *, args: Any, train_dataset: Any, trainer_class: Any = 
             )
         trainer = _trainer_class(base)(run=run, args=args, train_dataset=train_dataset, **kwargs)
         run.data = _Steps(trainer)
-    run.clock.start()
     return trainer

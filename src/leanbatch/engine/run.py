@@ -20,7 +20,7 @@ comes in through ``run``. The smallest change to a loop that already uses leanba
             run.log(epoch=epoch, metric=acc)                  # the curve; the engine may switch arms here
         return acc
 
-The clock (training only) starts at ``run.wrap`` (or ``run.callback`` / ``run.trainer``) and runs
+The clock (training only) starts at ``run.wrap`` (with ``run.callback`` / ``run.trainer``: when the fit starts) and runs
 while this arm has its turn, but for ``run.untimed()`` blocks, until the task returns.
 """
 
@@ -150,8 +150,8 @@ class Run:
         return self.data
 
     def callback(self, dataset: Any, num_epochs: int, **kwargs: Any) -> Any:
-        """The arm as a Lightning :class:`~leanbatch.lightning.LeanBatchCallback` over ``dataset`` (starts
-        the clock; ``Trainer(max_epochs=num_epochs, callbacks=[lb])``): see
+        """The arm as a Lightning :class:`~leanbatch.lightning.LeanBatchCallback` over ``dataset``
+        (``Trainer(max_epochs=num_epochs, callbacks=[lb])``; the clock starts with the fit): see
         :mod:`~leanbatch.engine.frameworks`. ``loss_fn=``: Selective Backprop's, for ``lb.select``."""
         from leanbatch.engine.frameworks import lightning_callback
 
@@ -160,7 +160,7 @@ class Run:
     def trainer(self, *, args: Any, train_dataset: Any, **kwargs: Any) -> Any:
         """The arm as a Hugging Face ``Trainer`` (``LeanBatchTrainer`` for a pruning or selecting arm;
         ``max_steps`` for a budget arm), built with ``args``, ``train_dataset`` and the Trainer's other
-        arguments (starts the clock): see :mod:`~leanbatch.engine.frameworks`."""
+        arguments (the clock starts with its ``train()``): see :mod:`~leanbatch.engine.frameworks`."""
         from leanbatch.engine.frameworks import hf_trainer
 
         return hf_trainer(self, args=args, train_dataset=train_dataset, **kwargs)
@@ -290,7 +290,7 @@ class Run:
         d, sel = self.data, self._selector
         stats = None if sel is None else sel.stats
         now = (
-            _served(d),
+            self._served(),
             0 if d is None else d.counts.steps,
             0 if d is None else d.counts.rows,
             0 if stats is None else stats.forwarded,
@@ -306,6 +306,16 @@ class Run:
         for k, v in counts.items():
             self._totals[k] = self._totals.get(k, 0) + v
         return counts
+
+    def _served(self) -> int:
+        """Samples the arm's data served so far (a framework's budget arm, stopped inside an epoch: trained)."""
+        data = self.data
+        limited = self.arm.budget != 1.0 or self.arm.batch != 1.0
+        if isinstance(data, InfoBatch) and not limited:
+            return sum(int(s["kept"]) for s in data.epoch_stats)
+        if isinstance(data, KeepAll):
+            return sum(data.served.values())
+        return 0 if data is None else int(data.counts.rows)
 
     def _plans(self, record: EpochRecord) -> None:
         """A pruning arm's plan of the epoch (threshold, pruning) and loss-histogram snapshots."""
@@ -354,15 +364,6 @@ class Run:
         if not math.isfinite(value):
             raise ContractError(f"the task returned {value} as its {name}: a finite number is needed")
         return value
-
-
-def _served(data: Any) -> int:
-    """Samples the arm's data served so far."""
-    if isinstance(data, InfoBatch):
-        return sum(int(s["kept"]) for s in data.epoch_stats)
-    if isinstance(data, KeepAll):
-        return sum(data.served.values())
-    return 0 if data is None else int(data.counts.rows)
 
 
 def _world() -> int:

@@ -93,7 +93,7 @@ class ImageTask:
                     arm.net, arm.x_test, arm.y_test, cfg.eval_batch_size, cfg.channels_last
                 )
                 train_loss = float(loss_sum) / max(num, 1)
-            run.log(epoch=epoch, accuracy=acc, test_loss=test_loss, train_loss=train_loss)
+            run.log(epoch=epoch, accuracy=acc, test_loss=test_loss, train_loss=train_loss, lr=arm.lr)
         return acc
 
 
@@ -115,6 +115,7 @@ class _Arm:
         for group in self.opt.param_groups:
             group["lr"] = lr
         self.progress = 0.0  # the fraction of the arm trained, set by the loop before each step
+        self.lr = lr  # the learning rate of the last step
         self.schedule = ProgressLR(self.opt, self, cosine(warmup=cfg.warmup))
         self.augment = cfg.resolved_augment(data)
         self.aug_gen = torch.Generator().manual_seed(run.seed + _AUGMENT_SEED)
@@ -161,6 +162,7 @@ class _Arm:
             x = augment(x, self.aug_gen)
         elif cfg.channels_last:
             x = x.contiguous(memory_format=torch.channels_last)
+        self.lr = opt.param_groups[0]["lr"]
         per_sample = F.cross_entropy(self.net(x), y, reduction="none", label_smoothing=cfg.label_smoothing)
         loss = pick.update(ds, per_sample)
         opt.zero_grad(set_to_none=True)
