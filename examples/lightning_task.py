@@ -49,7 +49,10 @@ class Classifier(pl.LightningModule):
 
     def configure_optimizers(self):  # type: ignore[no-untyped-def]
         opt = torch.optim.SGD(self.parameters(), lr=0.1, momentum=0.9)
-        return {"optimizer": opt, "lr_scheduler": {"scheduler": ProgressLR(opt, self.lb, cosine(warmup=0.03)), "interval": "step"}}
+        return {
+            "optimizer": opt,
+            "lr_scheduler": {"scheduler": ProgressLR(opt, self.lb, cosine(warmup=0.03)), "interval": "step"},
+        }
 
 
 def train(run) -> float:  # type: ignore[no-untyped-def]

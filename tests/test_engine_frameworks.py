@@ -29,9 +29,15 @@ def _check(report: dict, epochs: int, steps_per_epoch: int) -> None:  # type: ig
     assert report["failed"] == []
     runs = {(r["method"], r["seed"]): r for r in report["runs"]}
     full = runs["baseline", 0]
-    assert full["steps"] == epochs * steps_per_epoch and len(full["epochs"]) == epochs  # a run.log per validation
-    assert runs["baseline[budget=0.5]", 0]["steps"] == round(0.5 * epochs * steps_per_epoch)  # the fit stopped there
-    assert runs["baseline[batch=0.5]", 0]["steps"] == epochs * steps_per_epoch  # the same steps on half the rows
+    assert (
+        full["steps"] == epochs * steps_per_epoch and len(full["epochs"]) == epochs
+    )  # a run.log per validation
+    assert runs["baseline[budget=0.5]", 0]["steps"] == round(
+        0.5 * epochs * steps_per_epoch
+    )  # the fit stopped there
+    assert (
+        runs["baseline[batch=0.5]", 0]["steps"] == epochs * steps_per_epoch
+    )  # the same steps on half the rows
     assert runs["baseline[batch=0.5]", 0]["loaded_fraction"] == pytest.approx(0.5, abs=0.05)
     assert runs["infobatch", 0]["loaded_fraction"] < 1.0 and all(r["untimed_s"] > 0 for r in runs.values())
     sb = runs["sb[scale_factor=1,start=0]", 0]
@@ -47,7 +53,9 @@ def test_a_lightning_task_runs_every_arm_through_a_real_fit() -> None:
     module = sys.modules[_example("lightning_task.py").__module__]
     train = TensorDataset(*(t[:512] for t in module.TRAIN.tensors))
     task = _example("lightning_task.py", EPOCHS=3, TRAIN=train)
-    report = bench(task, methods=METHODS, seeds=[0, 1], budgets="0.5,1", batch_budgets="0.5", metric="val_acc")
+    report = bench(
+        task, methods=METHODS, seeds=[0, 1], budgets="0.5,1", batch_budgets="0.5", metric="val_acc"
+    )
     assert report["config"]["goal"] == "max"
     _check(report, epochs=3, steps_per_epoch=8)  # 512 / 64
     assert all(r["metric"] > 50 for r in report["runs"])  # every arm learned (chance: 10%)

@@ -28,14 +28,23 @@ def _denormals() -> Iterator[None]:
 
 def _study(methods: str, cfg: TrainConfig, n: int = 160, **kw: object) -> dict:  # type: ignore[type-arg]
     task = ImageTask(load_data("digits", limit_train=n, limit_test=40), cfg)
-    return bench(task, methods=methods, metric="accuracy", budgets=kw.pop("budgets", "none"), batch_budgets="none", **kw)  # type: ignore[arg-type]
+    return bench(
+        task,
+        methods=methods,
+        metric="accuracy",
+        budgets=kw.pop("budgets", "none"),
+        batch_budgets="none",
+        **kw,
+    )  # type: ignore[arg-type]
 
 
 def test_the_schedule_warms_up_from_zero_and_ends_at_zero_step_by_step() -> None:
     """The loop's LR is the library's ``cosine(warmup=)`` of its own progress, by batches of each epoch."""
     cfg = TrainConfig(epochs=2, batch_size=32, widths=(4,), warmup=0.3)
     seen: list[float] = []
-    handle = register_optimizer_step_pre_hook(lambda opt, args, kwargs: seen.append(opt.param_groups[0]["lr"]))
+    handle = register_optimizer_step_pre_hook(
+        lambda opt, args, kwargs: seen.append(opt.param_groups[0]["lr"])
+    )
     try:
         report = _study("baseline", cfg)  # 5 steps of 32 an epoch (the warm-up's steps have lr 0)
     finally:
@@ -67,11 +76,16 @@ def test_budget_arms_train_their_share_of_steps_with_their_own_schedule() -> Non
 def test_a_batch_budget_trains_the_full_runs_steps_on_smaller_batches_its_lr_by_the_rule(rule: str) -> None:
     cfg = TrainConfig(epochs=3, batch_size=32, widths=(8,), warmup=0.0, lr_rule=rule)
     task = ImageTask(load_data("digits", 320, 60), cfg)
-    report = bench(task, methods="baseline,obs[keep=0.5]", budgets="1", batch_budgets="0.5", metric="accuracy")
+    report = bench(
+        task, methods="baseline,obs[keep=0.5]", budgets="1", batch_budgets="0.5", metric="accuracy"
+    )
     runs = {r["method"]: r for r in report["runs"]}
     full, half, obs = runs["baseline"], runs["baseline[batch=0.5]"], runs["obs[keep=0.5]"]
     assert [e["steps"] for e in full["epochs"]] == [10, 10, 10]
-    assert [e["steps"] for e in half["epochs"]] == [20, 10] and [e["forwarded"] for e in half["epochs"]] == [320, 160]
+    assert [e["steps"] for e in half["epochs"]] == [20, 10] and [e["forwarded"] for e in half["epochs"]] == [
+        320,
+        160,
+    ]
     assert half["work_fraction"] == pytest.approx(0.5)
     factor = 0.5 if rule == "scaled" else 1.0  # 16 of 32 rows every step (obs selects on every batch)
     lr = lambda r: [e["values"]["lr"] for e in r["epochs"]]  # noqa: E731
@@ -82,10 +96,18 @@ def test_a_batch_budget_trains_the_full_runs_steps_on_smaller_batches_its_lr_by_
 def test_rho_loss_charges_its_holdout_model_and_obs_epoch_prunes_whole_epochs() -> None:
     cfg = TrainConfig(epochs=3, batch_size=32, widths=(8, 16))
     task = ImageTask(load_data("digits", 320, 60), cfg)
-    report = bench(task, methods="baseline,obs-epoch,rho-loss[il_epochs=2]", metric="accuracy", budgets="none", batch_budgets="none")
+    report = bench(
+        task,
+        methods="baseline,obs-epoch,rho-loss[il_epochs=2]",
+        metric="accuracy",
+        budgets="none",
+        batch_budgets="none",
+    )
     runs = {r["method"]: r for r in report["runs"]}
     epoch = runs["obs-epoch"]
-    assert [e["loaded"] for e in epoch["epochs"]] == [224] * 3 and [e["steps"] for e in epoch["epochs"]] == [7] * 3
+    assert [e["loaded"] for e in epoch["epochs"]] == [224] * 3 and [e["steps"] for e in epoch["epochs"]] == [
+        7
+    ] * 3
     rho = runs["rho-loss[il_epochs=2]"]
     assert rho["notes"]["holdout"] == 32 and rho["charged"]["forwarded"] == 2 * 32 + 320
     assert rho["charged"]["backpropagated"] == 64 and 0 < rho["charged"]["cost"] < 1
@@ -93,7 +115,9 @@ def test_rho_loss_charges_its_holdout_model_and_obs_epoch_prunes_whole_epochs() 
     assert trained == 3 * 160  # half of each batch, every batch
     full = 3 * 320
     work = (trained + 3 * 320 + 2 * trained + (2 * 32 + 320 + 2 * 64) * rho["charged"]["cost"]) / (3 * full)
-    assert rho["work_fraction"] == pytest.approx(work)  # the selection forward at full size, the holdout model
+    assert rho["work_fraction"] == pytest.approx(
+        work
+    )  # the selection forward at full size, the holdout model
     assert rho["backward_fraction"] == pytest.approx((trained + 64) / full)
     assert all(r["metric"] > 25.0 for r in runs.values())  # every arm learned (chance: 10%)
 

@@ -139,10 +139,8 @@ def check_trained(run: Run) -> None:
         raise ContractError("the task never called run.select(...), the batch-level selection hook")
     counts = data.counts
     served = None
-    if isinstance(data, InfoBatch):
-        served = sum(int(s["kept"]) for s in data.epoch_stats)
-    elif isinstance(data, KeepAll):
-        served = sum(data.served.values())
+    if isinstance(data, (InfoBatch, KeepAll)):
+        served = run._served()
     if served is not None and counts.rows > served:
         raise ContractError(
             f"trained {counts.rows} samples but its data served {served}: pass sampler=ds.sampler to the "

@@ -311,8 +311,8 @@ class Run:
         """Samples the arm's data served so far (a framework's budget arm, stopped inside an epoch: trained)."""
         data = self.data
         limited = self.arm.budget != 1.0 or self.arm.batch != 1.0
-        if isinstance(data, InfoBatch) and not limited:
-            return sum(int(s["kept"]) for s in data.epoch_stats)
+        if isinstance(data, InfoBatch) and not limited:  # its plans count every process's samples
+            return sum(math.ceil(int(s["kept"]) / _world()) for s in data.epoch_stats)
         if isinstance(data, KeepAll):
             return sum(data.served.values())
         return 0 if data is None else int(data.counts.rows)
@@ -339,6 +339,7 @@ class Run:
         check_trained(self)
         self._counted()  # the steps after the last run.log, into the totals
         samples, epochs = self._sizes if self._sizes is not None else (None, None)
+        samples = None if samples is None else math.ceil(samples / _world())  # each process's share
         self._load.append(_load_avg())
         scale = float(self.settings.get("scale_factor", 1.0)) ** 2
         return RunRecord(
