@@ -160,15 +160,13 @@ def _trainer_class(base: type) -> type:
                 self._training = False
 
         def training_step(self, model: Any, inputs: Any, *args: Any, **kwargs: Any) -> Any:
-            first = (
-                next((v for v in inputs.values() if hasattr(v, "shape")), None)
-                if isinstance(inputs, dict)
-                else inputs
+            tensors = (
+                [v for v in inputs.values() if hasattr(v, "shape")] if isinstance(inputs, dict) else [inputs]
             )
             sel = self.run._selector  # rows the selection took out of this batch (before this step) count too
             skipped = 0 if sel is None else sel.stats.skipped - self._skipped
             self._skipped += skipped
-            self.run.data.counts.add(range(len(first) + skipped), None)
+            self.run.data.counts.add(range(len(tensors[0]) + skipped), None)
             return super().training_step(model, inputs, *args, **kwargs)
 
         def evaluate(self, *args: Any, **kwargs: Any) -> Any:
