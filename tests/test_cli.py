@@ -452,7 +452,7 @@ def test_a_base_install_names_the_extra_a_subcommand_needs(tmp_path: Path) -> No
 
 
 def test_help_lists_the_subcommands_and_every_method_kind(capsys: pytest.CaptureFixture[str]) -> None:
-    from leanbatch.engine.registry import REGISTRY
+    from leanbatch.arms.registry import REGISTRY
 
     assert cli.main(["--help"]) == 0 and "bench" in capsys.readouterr().out and cli.main([]) == 2
     capsys.readouterr()

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from leanbatch.engine.arms import (
+from leanbatch.arms.methods import (
     DEFAULT_METHODS,
     ArmError,
     option_setting,
@@ -14,9 +14,9 @@ from leanbatch.engine.arms import (
     parse_methods,
     with_budgets,
 )
-from leanbatch.engine.controls import twin_arm, with_controls
+from leanbatch.arms.registry import REGISTRY
+from leanbatch.arms.twins import twin_arm, with_controls
 from leanbatch.engine.data import Budget
-from leanbatch.engine.registry import REGISTRY
 from leanbatch.policies import (
     EpsilonGreedyPolicy,
     InfoBatchPolicy,

@@ -148,8 +148,8 @@ def _main(argv: list[str]) -> int:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
+    from leanbatch.arms.methods import ArmError
     from leanbatch.cli_bench import run_bench
-    from leanbatch.engine.arms import ArmError
     from leanbatch.engine.contract import TaskError
 
     bad: tuple[type[Exception], ...] = (CLIError, ArmError, TaskError)

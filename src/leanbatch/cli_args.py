@@ -87,58 +87,26 @@ def int_list(
     return values
 
 
-def _methods_help() -> str:
-    """The epilog of ``leanbatch bench --help``: every method kind in one line, its settings, its twin."""
-    from leanbatch.engine.registry import REGISTRY
-
-    lines = [
-        "method kinds (--methods NAME or NAME[setting=value,...]; a bracketed item is an arm of its own):"
-    ]
-    lines += [f"  {k.name:<17} {k.family:<10} {k.description}" for k in REGISTRY.values()]
-    lines += ["", "settings (the library's names and the papers' defaults):"]
-    for k in REGISTRY.values():
-        rows: list[str] = []
-        cur = ""
-        for item in (s.describe() for s in k.settings):
-            if cur and len(cur) + 2 + len(item) > 86:
-                rows, cur = [*rows, cur + ","], item
-            else:
-                cur = f"{cur}, {item}" if cur else item
-        rows.append(cur)
-        lines += [f"  {k.name:<17} {rows[0]}", *(f"  {'':<17} {r}" for r in rows[1:])]
-    lines += [
-        "",
-        "--prune-ratio, --delta, --sb-* and --stack-scores set that setting in every arm that has it; max_weight",
-        "and final_pressure take none for off; il_epochs none: the run's epochs.",
-        "",
-        "uniform twins (--controls runs each beside its method: what the choosing buys is the difference):",
-    ]
-    for k in REGISTRY.values():
-        if k.twin is not None:
-            fixed = ",".join(f"{name}={'none' if v is None else f'{v:g}'}" for name, v in k.twin.fixed)
-            lines.append(
-                f"  {k.name} -> {k.name}~{k.twin.name} ({k.twin.kind}{f'[{fixed}]' if fixed else ''} with the method's other settings)"
-            )
-    return "\n".join(lines)
-
-
 def _bench_parser(sub: Any) -> None:
-    from leanbatch.engine.arms import (
-        DEFAULT_BATCH_BUDGETS,
-        DEFAULT_BUDGETS,
-        DEFAULT_METHODS,
-        OPTIONS,
-        option_setting,
-    )
-    from leanbatch.tasks.images.presets import BUILTIN_DATASETS, PRESETS
+    from leanbatch.arms.registry import kinds_help
 
     b = sub.add_parser(
-        "bench", help="train a task under each method and compare time and metric", epilog=_methods_help(),
+        "bench", help="train a task under each method and compare time and metric", epilog=kinds_help(),
         description="Train a task (yours with --task, else the built-in image task) under each method with the same\n"
         "seeds, beside the baseline trained shorter and on smaller batches (the envelope); print the answer,\n"
         "then the tables, and write results.json, the plots and report.html to --out.",
         formatter_class=_Formatter,
     )  # fmt: skip
+    _run_options(b)
+    _image_options(b)
+    _method_options(b)
+    _output_options(b)
+
+
+def _run_options(b: Any) -> None:
+    """``bench``'s options of what to run: the task, the arms, the seeds, the metric."""
+    from leanbatch.arms.methods import DEFAULT_BATCH_BUDGETS, DEFAULT_BUDGETS, DEFAULT_METHODS
+
     g = b.add_argument_group("what to run")
     g.add_argument(
         "--task",
@@ -184,6 +152,12 @@ def _bench_parser(sub: Any) -> None:
         help="epoch (default): the arms of a seed take turns, an epoch each (at run.log), so a busy spell slows them alike; run: whole runs, the order rotated per seed",
     )
     g.add_argument("--threads", type=_int, default=None, help="torch CPU threads (default: torch's)")
+
+
+def _image_options(b: Any) -> None:
+    """``bench``'s options of the built-in image task."""
+    from leanbatch.tasks.images.presets import BUILTIN_DATASETS, PRESETS
+
     t = b.add_argument_group("the built-in image task (without --task)")
     t.add_argument(
         "--data",
@@ -237,6 +211,12 @@ def _bench_parser(sub: Any) -> None:
     t.add_argument(
         "--device", default=None, help="auto (default: cuda when available, else cpu), cpu, cuda, cuda:1"
     )
+
+
+def _method_options(b: Any) -> None:
+    """``bench``'s options that set a method setting in every arm that has it."""
+    from leanbatch.arms.methods import OPTIONS, option_setting
+
     h = b.add_argument_group(
         "method settings for every arm that has them (brackets win; defaults: the papers')"
     )
@@ -249,6 +229,10 @@ def _bench_parser(sub: Any) -> None:
             default=None,
             help=f"{name} of {', '.join(kinds)} (default {default})",
         )
+
+
+def _output_options(b: Any) -> None:
+    """``bench``'s output options."""
     o = b.add_argument_group("output")
     o.add_argument(
         "--out",

@@ -59,7 +59,7 @@ def resolve_device(name: str) -> str:
 
 def _arms(args: argparse.Namespace) -> list[Any]:
     """The arms: ``--methods``, their twins (``--controls``), the baseline's step and batch budgets."""
-    from leanbatch.engine.arms import (
+    from leanbatch.arms.methods import (
         DEFAULT_BATCH_BUDGETS,
         DEFAULT_BUDGETS,
         OPTIONS,
@@ -67,7 +67,7 @@ def _arms(args: argparse.Namespace) -> list[Any]:
         parse_methods,
         with_budgets,
     )
-    from leanbatch.engine.controls import with_controls
+    from leanbatch.arms.twins import with_controls
 
     arms = parse_methods(args.methods, {k: getattr(args, k) for k in OPTIONS})
     arms = with_controls(arms) if args.controls else arms
@@ -258,20 +258,21 @@ def _bench(args: argparse.Namespace, main: bool) -> int:
     if target != unfinished:
         unfinished.unlink(missing_ok=True)  # this study's own per-seed saves, now complete
     print(f"\nwrote {', '.join(str(p) for p in written)} ({time.perf_counter() - t0:.0f} s in all)")
+    return _status(outcome, target, out / RESULTS)
+
+
+def _status(outcome: Outcome, target: Path, results: Path) -> int:
+    """The exit status of a published study, and the one line that says why it is not 0."""
     if outcome.interrupted:
-        kept = "" if target == out / RESULTS else f"; {out / RESULTS} from before is kept, and no plots drawn"
+        kept = "" if target == results else f"; {results} from before is kept, and no plots drawn"
         print(
             f"leanbatch: interrupted; kept the {len(outcome.runs)} finished run(s) in {target}{kept}",
             file=sys.stderr,
         )
         return 130
     if outcome.failed:
-        first = outcome.failed[0]
-        more = (
-            f" (and {len(outcome.failed) - 1} more arm(s), listed in results.json's failed)"
-            if len(outcome.failed) > 1
-            else ""
-        )
+        first, n = outcome.failed[0], len(outcome.failed)
+        more = f" (and {n - 1} more arm(s), listed in results.json's failed)" if n > 1 else ""
         kept = f"the {len(outcome.runs)} finished run(s) are in {target}"
         print(
             f"leanbatch: error: {first['method']} seed {first['seed']}: {first['error']}{more}; {kept}",

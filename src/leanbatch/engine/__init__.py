@@ -1,7 +1,7 @@
 """The engine: judge any training task against the envelope of plain baselines and the uniform twins.
 
 A *task* is a function ``train(run) -> metric`` (:mod:`~leanbatch.engine.run` has the loop); the
-engine runs it once per *arm* (a method, a budget: :mod:`~leanbatch.engine.arms`) and seed, the
+engine runs it once per *arm* (a method, a budget: :mod:`~leanbatch.arms.methods`) and seed, the
 arms of a seed taking turns epoch by epoch (:mod:`~leanbatch.engine.interleave`), on a clock of
 training time only, and judges every arm against the envelope
 (:mod:`~leanbatch.engine.envelope`) and its uniform twin (:mod:`~leanbatch.engine.controls`) by

@@ -24,8 +24,8 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING, Any
 
+from leanbatch.arms.registry import SelectorContext
 from leanbatch.engine.data import ContractError, CountedInfoBatch, _Counts
-from leanbatch.engine.registry import SelectorContext
 from leanbatch.selection import SelectiveBackprop
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ waiting ones, and propagates; a task that raises ends its arm only: its error is
 the other arms' results.
 
 Example:
-    >>> from leanbatch.engine.arms import parse_methods
+    >>> from leanbatch.arms.methods import parse_methods
     >>> from leanbatch.engine.run import Run
     >>> turns = []
     >>> def task(run):

@@ -232,20 +232,8 @@ def rebuild(payload: dict[str, Any], name: str = "results.json") -> dict[str, An
 _PART_KEYS = ("seeds", "methods", "budgets", "batch_budgets", "controls", "clock")  # what parts may differ in
 
 
-def merge_results(payloads: Sequence[dict[str, Any]], sources: Sequence[str]) -> dict[str, Any]:
-    """One payload from parts of one study (other ``--seeds``, other ``--methods``: one per core, machine
-    or torchrun job). Their task, metric, data and task settings must agree, an arm listed in two parts
-    must have the same settings, and no two parts may hold a run of the same arm and seed:
-    ``ValueError`` naming the files and what differs otherwise. :func:`rebuild` then computes its tables.
-
-    Example:
-        >>> runs = [RunRecord("baseline", "baseline", s, 90.0 + s, []) for s in (0, 1)]
-        >>> cfg = {"methods": [{"label": "baseline", "control": None}], "goal": "max"}
-        >>> a, b = (build_results([r], {**cfg, "seeds": [r.seed]}, {}) for r in runs)
-        >>> merged = rebuild(merge_results([a, b], ["a.json", "b.json"]))
-        >>> merged["config"]["seeds"], merged["summary"][0]["metric_mean"], [m["seeds"] for m in merged["merged_from"]]
-        ([0, 1], 90.5, [[0], [1]])
-    """
+def _check_parts(payloads: Sequence[dict[str, Any]], sources: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Refuse parts that are not of one study (``ValueError`` naming the files); their arms, by label."""
     for p, s in zip(payloads, sources, strict=True):
         check_payload(p, s)
     first, name = payloads[0], sources[0]
@@ -271,6 +259,25 @@ def merge_results(payloads: Sequence[dict[str, Any]], sources: Sequence[str]) ->
                     f"{source} and {seen[key]} both hold {key[0]} with seed {key[1]}: merge other parts"
                 )
             seen[key] = source
+    return methods
+
+
+def merge_results(payloads: Sequence[dict[str, Any]], sources: Sequence[str]) -> dict[str, Any]:
+    """One payload from parts of one study (other ``--seeds``, other ``--methods``: one per core, machine
+    or torchrun job). Their task, metric, data and task settings must agree, an arm listed in two parts
+    must have the same settings, and no two parts may hold a run of the same arm and seed:
+    ``ValueError`` naming the files and what differs otherwise. :func:`rebuild` then computes its tables.
+
+    Example:
+        >>> runs = [RunRecord("baseline", "baseline", s, 90.0 + s, []) for s in (0, 1)]
+        >>> cfg = {"methods": [{"label": "baseline", "control": None}], "goal": "max"}
+        >>> a, b = (build_results([r], {**cfg, "seeds": [r.seed]}, {}) for r in runs)
+        >>> merged = rebuild(merge_results([a, b], ["a.json", "b.json"]))
+        >>> merged["config"]["seeds"], merged["summary"][0]["metric_mean"], [m["seeds"] for m in merged["merged_from"]]
+        ([0, 1], 90.5, [[0], [1]])
+    """
+    methods = _check_parts(payloads, sources)
+    first = payloads[0]
     config = {**first["config"], "methods": list(methods.values())}
     config["seeds"] = sorted({s for p in payloads for s in p["config"]["seeds"]})
     for part in ("budgets", "batch_budgets"):

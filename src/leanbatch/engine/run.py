@@ -36,11 +36,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from leanbatch.engine.arms import Arm
+from leanbatch.arms.methods import Arm
+from leanbatch.arms.registry import SelectorContext
 from leanbatch.engine.data import Budget, ContractError, CountedInfoBatch, KeepAll
 from leanbatch.engine.histograms import histogram, snapshot_epochs
 from leanbatch.engine.records import EpochRecord, RunRecord
-from leanbatch.engine.registry import SelectorContext
 from leanbatch.engine.selecting import Pick, select
 from leanbatch.infobatch import InfoBatch
 from leanbatch.selection import Selector
@@ -94,7 +94,7 @@ class Run:
         kind: the arm's method kind; ``settings``: its settings (read-only), for tasks that need them.
 
     Example:
-        >>> from leanbatch.engine.arms import parse_methods
+        >>> from leanbatch.arms.methods import parse_methods
         >>> run = Run(parse_methods("baseline[batch=0.5]")[0], seed=0)
         >>> run.batch_size(128), run.label
         (64, 'baseline[batch=0.5]')

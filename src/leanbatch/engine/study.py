@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from leanbatch.engine.arms import (
+from leanbatch.arms.methods import (
     DEFAULT_BATCH_BUDGETS,
     DEFAULT_BUDGETS,
     DEFAULT_METHODS,
@@ -40,8 +40,8 @@ from leanbatch.engine.arms import (
     parse_methods,
     with_budgets,
 )
+from leanbatch.arms.twins import with_controls
 from leanbatch.engine.contract import TaskError, check_callable, uses_hook
-from leanbatch.engine.controls import with_controls
 from leanbatch.engine.data import ContractError
 from leanbatch.engine.interleave import Stopped, take_turns
 from leanbatch.engine.records import RunRecord

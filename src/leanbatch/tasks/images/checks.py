@@ -14,7 +14,7 @@ Example:
 
 from __future__ import annotations
 
-from leanbatch.engine.arms import Arm
+from leanbatch.arms.methods import Arm
 from leanbatch.engine.data import Budget
 from leanbatch.engine.selecting import smallest_trained
 from leanbatch.tasks.images.config import TrainConfig

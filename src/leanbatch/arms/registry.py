@@ -41,7 +41,7 @@ from leanbatch.policies import (
 )
 from leanbatch.selection import OnlineBatchSelection, ProxyScorer, RhoLoss, SelectiveBackprop, Selector
 
-__all__ = ["MAX_BUDGET", "REGISTRY", "MethodKind", "SelectorContext", "Setting", "Twin"]
+__all__ = ["MAX_BUDGET", "REGISTRY", "MethodKind", "SelectorContext", "Setting", "Twin", "kinds_help"]
 
 MAX_BUDGET = 4.0  # a budget above 1 trains longer than the baseline (a frontier reaching slower methods)
 Settings = Mapping[str, Any]
@@ -350,3 +350,41 @@ _KINDS = (
     ),
 )  # fmt: skip
 REGISTRY: dict[str, MethodKind] = {k.name: k for k in _KINDS}
+
+
+def kinds_help() -> str:
+    """Every kind in one line, its settings, its twin: the epilog of ``leanbatch bench --help``.
+
+    Example:
+        >>> kinds_help().splitlines()[1].split()[:2]
+        ['baseline', 'baseline']
+    """
+    lines = [
+        "method kinds (--methods NAME or NAME[setting=value,...]; a bracketed item is an arm of its own):"
+    ]
+    lines += [f"  {k.name:<17} {k.family:<10} {k.description}" for k in REGISTRY.values()]
+    lines += ["", "settings (the library's names and the papers' defaults):"]
+    for k in REGISTRY.values():
+        rows: list[str] = []
+        cur = ""
+        for item in (s.describe() for s in k.settings):
+            if cur and len(cur) + 2 + len(item) > 86:
+                rows, cur = [*rows, cur + ","], item
+            else:
+                cur = f"{cur}, {item}" if cur else item
+        rows.append(cur)
+        lines += [f"  {k.name:<17} {rows[0]}", *(f"  {'':<17} {r}" for r in rows[1:])]
+    lines += [
+        "",
+        "--prune-ratio, --delta, --sb-* and --stack-scores set that setting in every arm that has it; max_weight",
+        "and final_pressure take none for off; il_epochs none: the run's epochs.",
+        "",
+        "uniform twins (--controls runs each beside its method: what the choosing buys is the difference):",
+    ]
+    for k in REGISTRY.values():
+        if k.twin is not None:
+            fixed = ",".join(f"{name}={'none' if v is None else f'{v:g}'}" for name, v in k.twin.fixed)
+            lines.append(
+                f"  {k.name} -> {k.name}~{k.twin.name} ({k.twin.kind}{f'[{fixed}]' if fixed else ''} with the method's other settings)"
+            )
+    return "\n".join(lines)

@@ -1,6 +1,6 @@
 """The arms of a study, and how ``--methods``, ``--budgets`` and ``--batch-budgets`` write them.
 
-An *arm* is one way of training the task: a method kind (:data:`~leanbatch.engine.registry.REGISTRY`)
+An *arm* is one way of training the task: a method kind (:data:`~leanbatch.arms.registry.REGISTRY`)
 with its settings, trained once per seed. ``--methods`` takes a comma-separated list; each item is
 a kind, optionally followed by settings in brackets, which makes it an arm of its own, labelled
 as typed::
@@ -22,8 +22,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from leanbatch.arms.registry import MAX_BUDGET, REGISTRY, MethodKind, SelectorContext, Setting
 from leanbatch.checks import check_real
-from leanbatch.engine.registry import MAX_BUDGET, REGISTRY, MethodKind, SelectorContext, Setting
 from leanbatch.policies import Policy
 from leanbatch.selection import Selector
 
