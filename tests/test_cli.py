@@ -120,7 +120,7 @@ def test_results_json_is_the_documented_schema(tiny_run: tuple[int, str, Path]) 
     run = payload["runs"][0]
     assert len(payload["runs"]) == 14 and len(run["epochs"]) == 3 and run["num_samples"] == 320
     assert (
-        set(run["epochs"][0]["values"]) == {"test_loss", "train_loss"}
+        set(run["epochs"][0]["values"]) == {"test_loss", "train_loss", "lr"}
         and run["metric"] == run["epochs"][-1]["metric"]
     )
     times = [e["train_time_s"] for e in run["epochs"]]
