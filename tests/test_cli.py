@@ -419,7 +419,7 @@ class NoExtra:  # the bench extra is not installed: numpy and the rest cannot be
         return None
 sys.meta_path.insert(0, NoExtra())
 sys.argv = ["leanbatch", *sys.argv[1:]]
-runpy.run_module("leanbatch" if sys.argv[1:2] != ["--cli"] else "leanbatch.cli", run_name="__main__", alter_sys=True)
+runpy.run_module("leanbatch", run_name="__main__", alter_sys=True)  # python -m leanbatch
 """
 
 

@@ -253,7 +253,9 @@ def _output_options(b: Any) -> None:
     )
     o.add_argument("--no-plots", action="store_true", help="skip the PNG plots and report.html")
     o.add_argument(
-        "--no-progress", action="store_true", help="no progress bars (they hide off a terminal anyway)"
+        "--no-progress",
+        action="store_true",
+        help="no progress line (on a terminal: the arm, its epoch, its metric, at every run.log)",
     )
 
 

@@ -239,9 +239,12 @@ def _bench(args: argparse.Namespace, main: bool) -> int:
             write_results(unfinished, payload(outcome, True))
 
     t0 = time.perf_counter()
+    status = _status_line(study) if main and not args.no_progress and sys.stderr.isatty() else None
     outcome = run_study(
-        study, on_run=lambda r: print(_line(r, width, study.metric), flush=True), on_seed=saved
+        study, on_run=lambda r: print(_line(r, width, study.metric), flush=True), on_seed=saved, on_log=status
     )
+    if status is not None:
+        print("\r\033[K", end="", file=sys.stderr)
     if not main:
         return 130 if outcome.interrupted else 0
     if not outcome.runs:
@@ -280,6 +283,22 @@ def _status(outcome: Outcome, target: Path, results: Path) -> int:
         )
         return 2
     return 0
+
+
+def _status_line(study: Study) -> Any:
+    """On a terminal: one line on stderr, rewritten at every ``run.log``: the arm, its epoch, its metric."""
+
+    def show(run: Any) -> None:
+        last = run.epochs[-1]
+        value = "" if last.metric is None else f", {study.metric} {last.metric:.4g}"
+        print(
+            f"\r\033[K  {run.label} seed {run.seed}: epoch {last.epoch}{value}",
+            end="",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    return show
 
 
 def _line(run: Any, width: int, metric: str) -> str:

@@ -100,8 +100,10 @@ class Run:
         (64, 'baseline[batch=0.5]')
     """
 
-    def __init__(self, arm: Arm, seed: int, metric: str = "metric"):
-        self.arm, self.seed, self.metric_name = arm, int(seed), metric
+    def __init__(
+        self, arm: Arm, seed: int, metric: str = "metric", on_log: Callable[[Run], None] | None = None
+    ):
+        self.arm, self.seed, self.metric_name, self._on_log = arm, int(seed), metric, on_log
         self.label, self.kind, self.settings = arm.label, arm.kind, dict(arm.settings)
         self.data: Any = None  # the arm's data (run.wrap) or a framework's (run.callback, run.trainer)
         self.epochs: list[EpochRecord] = []
@@ -282,6 +284,8 @@ class Run:
         self.epochs.append(record)
         self._plans(record)
         self._batches = 0
+        if self._on_log is not None:
+            self._on_log(self)
         self.turn()
         self.clock.resume()
 

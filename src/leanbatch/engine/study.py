@@ -134,15 +134,17 @@ def run_study(
     study: Study,
     on_run: Callable[[RunRecord], None] = lambda r: None,
     on_seed: Callable[[Outcome], None] = lambda o: None,
+    on_log: Callable[[Run], None] | None = None,
 ) -> Outcome:
-    """Train every arm at every seed (``on_run`` after each finished run, ``on_seed`` after each seed)."""
+    """Train every arm at every seed (``on_run`` after each finished run, ``on_seed`` after each seed,
+    ``on_log`` at each ``run.log``)."""
     out = Outcome()
     try:
         for k, seed in enumerate(study.seeds):
-            arms = study.arms
-            if study.interleave == "run":  # rotate, so a slow spell does not always land on the same arm
-                arms = arms[k % len(arms) :] + arms[: k % len(arms)]
-            runs = [Run(arm, seed, study.metric) for arm in arms]
+            # rotated per seed, so a slow spell does not always land on the same arm (whole runs: a task
+            # that never calls run.log, or interleave="run"; epoch by epoch: the first round)
+            arms = study.arms[k % len(study.arms) :] + study.arms[: k % len(study.arms)]
+            runs = [Run(arm, seed, study.metric, on_log) for arm in arms]
             for run, result in take_turns(study.task, runs, whole=study.interleave == "run"):
                 if isinstance(result, RunRecord):
                     out.runs.append(result)
