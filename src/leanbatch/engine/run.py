@@ -118,9 +118,7 @@ class Run:
         self._min_batch = 1
         self._batches = 0  # run.select calls since the last run.log (a batch's index in its epoch)
         self._seen = (0, 0, 0, 0, 0)  # served, steps, rows, scored, skipped at the last run.log
-        self._totals: dict[
-            str, int
-        ] = {}  # the counts of every epoch, and of the steps after the last run.log
+        self._totals: dict[str, int] = {}  # every epoch's counts, the steps after the last run.log too
         self._snapshot: Tensor | None = None  # the scores an epoch is planned from (a histogram)
         self._policy: Any = None  # a pruning arm's policy (its pruning epochs: the histograms')
         self._load = [_load_avg()]
