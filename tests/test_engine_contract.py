@@ -180,23 +180,17 @@ def test_a_module_and_function_task(
 ) -> None:
     (tmp_path / "my_tasks.py").write_text(SNIPPET)
     monkeypatch.syspath_prepend(str(tmp_path))
-    code = cli.main(
-        [
-            "bench",
-            "--task",
-            "my_tasks:train",
-            *QUIET,
-            "--methods",
-            "baseline,infobatch",
-            "--out",
-            str(tmp_path / "o"),
-        ]
-    )
+    code = cli.main(["bench", "--task", "my_tasks:train", *QUIET, "--out", str(tmp_path / "o")])
     assert code == 0, capsys.readouterr().err
     runs = json.loads((tmp_path / "o" / "results.json").read_text())["runs"]
-    assert {r["method"] for r in runs} >= {"baseline", "infobatch"} and all(
+    assert all(
         r["num_samples"] == 64 for r in runs
-    )
+    )  # the default methods but those that select (no run.select)
+    budgets = {f"baseline[budget={b}]" for b in (0.5, 0.7, 0.85)} | {
+        "baseline[batch=0.5]",
+        "baseline[batch=0.7]",
+    }
+    assert {r["method"] for r in runs} == {"baseline", "random", "infobatch"} | budgets
 
 
 def test_an_arm_that_raises_is_reported_and_the_others_kept(
@@ -311,7 +305,10 @@ def test_arms_take_turns_epoch_by_epoch_and_a_task_without_run_log_runs_whole() 
         _task("whole"), methods="baseline,random", seeds=[0, 1], budgets="none", batch_budgets="none"
     )
     assert [(r["method"], r["seed"], r["epochs"]) for r in report["runs"]] == [
-        ("baseline", 0, []), ("random", 0, []), ("random", 1, []), ("baseline", 1, []),
+        ("baseline", 0, []),
+        ("random", 0, []),
+        ("random", 1, []),
+        ("baseline", 1, []),
     ]  # fmt: skip (whole runs, the order rotated per seed)
 
 

@@ -57,8 +57,8 @@ def resolve_device(name: str) -> str:
     return str(dev)
 
 
-def _arms(args: argparse.Namespace) -> list[Any]:
-    """The arms: ``--methods``, their twins (``--controls``), the baseline's step and batch budgets."""
+def _arms(args: argparse.Namespace, methods: str) -> list[Any]:
+    """The arms: ``--methods`` (``methods`` without it), their twins (``--controls``), the baseline's budgets."""
     from leanbatch.arms.methods import (
         DEFAULT_BATCH_BUDGETS,
         DEFAULT_BUDGETS,
@@ -69,7 +69,7 @@ def _arms(args: argparse.Namespace) -> list[Any]:
     )
     from leanbatch.arms.twins import with_controls
 
-    arms = parse_methods(args.methods, {k: getattr(args, k) for k in OPTIONS})
+    arms = parse_methods(args.methods or methods, {k: getattr(args, k) for k in OPTIONS})
     arms = with_controls(arms) if args.controls else arms
     steps = parse_budgets(args.budgets if args.budgets is not None else DEFAULT_BUDGETS)
     batch = parse_budgets(
@@ -162,8 +162,15 @@ def study_from(args: argparse.Namespace) -> Study:
     from leanbatch.engine.study import Study, default_goal
 
     check_training_options(args)
-    arms = _arms(args)
-    task, config, data, seeds_text = _user_task(args) if args.task else _image_task(args, arms)
+    from leanbatch.arms.methods import DEFAULT_METHODS
+    from leanbatch.engine.study import default_methods
+
+    if args.task:
+        task, config, data, seeds_text = _user_task(args)
+        arms = _arms(args, default_methods(task))
+    else:
+        arms = _arms(args, ",".join(DEFAULT_METHODS))
+        task, config, data, seeds_text = _image_task(args, arms)
     seeds = int_list(seeds_text, "--seeds", high=MAX_SEED)
     if not seeds or len(set(seeds)) != len(seeds):
         raise CLIError(f"--seeds must be distinct integers, at least one: got {seeds_text!r}")

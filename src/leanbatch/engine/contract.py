@@ -35,7 +35,7 @@ from leanbatch.infobatch import InfoBatch
 if TYPE_CHECKING:
     from leanbatch.engine.run import Run
 
-__all__ = ["TaskError", "check_trained", "load_task", "uses_hook"]
+__all__ = ["TaskError", "calls_selection", "check_trained", "load_task", "uses_hook"]
 
 
 class TaskError(ValueError):
@@ -122,6 +122,17 @@ def uses_hook(task: Any, hook: str) -> bool:
     if module is not None:
         roots += [v for v in vars(module).values() if getattr(v, "__module__", None) == module.__name__]
     return any(hook in c.co_names for root in roots for code in _functions(root) for c in _codes(code))
+
+
+def calls_selection(task: Any) -> bool:
+    """Whether ``task`` selects rows of its batches: its code calls ``run.select`` (a Lightning task's
+    ``lb.select`` too), or builds its trainer with ``run.trainer`` (the Hugging Face adapter selects itself).
+
+    Example:
+        >>> calls_selection(lambda run: run.wrap([1], 1))
+        False
+    """
+    return uses_hook(task, "select") or uses_hook(task, "trainer")
 
 
 def check_trained(run: Run) -> None:

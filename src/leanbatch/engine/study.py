@@ -41,14 +41,29 @@ from leanbatch.arms.methods import (
     with_budgets,
 )
 from leanbatch.arms.twins import with_controls
-from leanbatch.engine.contract import TaskError, check_callable, uses_hook
+from leanbatch.engine.contract import TaskError, calls_selection, check_callable
 from leanbatch.engine.data import ContractError
 from leanbatch.engine.interleave import Stopped, take_turns
 from leanbatch.engine.records import RunRecord
 from leanbatch.engine.run import Run
 from leanbatch.engine.verdicts import GOALS
 
-__all__ = ["Report", "Study", "bench", "default_goal", "publish", "run_study"]
+__all__ = ["Report", "Study", "bench", "default_goal", "default_methods", "publish", "run_study"]
+
+
+def default_methods(task: Any) -> str:
+    """``--methods``' default for ``task``: every default kind, but the batch-level ones (``sb``,
+    ``infobatch+sb``) only for a task whose code calls the selection hook (``run.select``, or a
+    Hugging Face task's ``run.trainer``, whose trainer selects itself).
+
+    Example:
+        >>> default_methods(lambda run: run.wrap([1], 1))
+        'baseline,random,infobatch'
+    """
+    from leanbatch.arms.registry import REGISTRY
+
+    selects = calls_selection(task)
+    return ",".join(k for k in DEFAULT_METHODS if selects or not REGISTRY[k].selects)
 
 
 def default_goal(metric: str) -> str:
@@ -89,7 +104,7 @@ class Study:
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise TaskError(f"seeds must be distinct integers, at least one: got {self.seeds}")
         selecting = [a.label for a in self.arms if a.selects]
-        if selecting and not any(uses_hook(self.task, h) for h in ("select", "trainer")):
+        if selecting and not calls_selection(self.task):
             raise TaskError(
                 f"{', '.join(selecting)} select(s) rows of each batch, but the task never calls run.select(...), "
                 "the batch-level selection hook: add it to the loop (docs/bench.md) or drop them from --methods"
@@ -216,7 +231,7 @@ def _arms(methods: str | Sequence[str], budgets: Any, batch_budgets: Any, contro
 def bench(
     task: Callable[[Run], Any],
     *,
-    methods: str | Sequence[str] = ",".join(DEFAULT_METHODS),
+    methods: str | Sequence[str] | None = None,
     seeds: Sequence[int] = (0,),
     budgets: str | Sequence[float] = DEFAULT_BUDGETS,
     batch_budgets: str | Sequence[float] = DEFAULT_BATCH_BUDGETS,
@@ -229,14 +244,14 @@ def bench(
     out: str | Path | None = None,
     plots: bool = True,
 ) -> Report:
-    """Run ``task`` under every arm (``methods``, the baseline's ``budgets`` and ``batch_budgets``, the
-    twins with ``controls``) at every seed and return the :class:`Report`; with ``out``, also write
+    """Run ``task`` under every arm (``methods``, default :func:`default_methods`; the baseline's
+    ``budgets`` and ``batch_budgets``; the twins with ``controls``) at every seed and return the :class:`Report`; with ``out``, also write
     results.json, the plots and report.html there. ``goal``: ``max`` or ``min`` (default:
     :func:`default_goal` of the ``metric``'s name). Bad input: ``ValueError`` of one line."""
     from leanbatch.engine.results import build_results
 
     try:
-        arms = _arms(methods, budgets, batch_budgets, controls)
+        arms = _arms(default_methods(task) if methods is None else methods, budgets, batch_budgets, controls)
     except ArmError as e:
         raise ValueError(str(e)) from None
     name = getattr(task, "__qualname__", type(task).__name__)
