@@ -29,8 +29,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from leanbatch import InfoBatch
 from leanbatch.engine.data import ContractError, KeepAll
-from leanbatch.infobatch import InfoBatch
 
 if TYPE_CHECKING:
     from leanbatch.engine.run import Run

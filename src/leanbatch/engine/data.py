@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset, Sampler
 
-from leanbatch.infobatch import InfoBatch
+from leanbatch import InfoBatch
 
 __all__ = ["Budget", "ContractError", "CountedInfoBatch", "KeepAll"]
 

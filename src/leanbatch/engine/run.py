@@ -36,13 +36,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from leanbatch import InfoBatch
 from leanbatch.arms.methods import Arm
 from leanbatch.arms.registry import SelectorContext
 from leanbatch.engine.data import Budget, ContractError, CountedInfoBatch, KeepAll
 from leanbatch.engine.histograms import histogram, snapshot_epochs
 from leanbatch.engine.records import EpochRecord, RunRecord
 from leanbatch.engine.selecting import Pick, select
-from leanbatch.infobatch import InfoBatch
 from leanbatch.selection import Selector
 
 __all__ = ["Run"]

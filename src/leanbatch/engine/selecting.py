@@ -20,7 +20,7 @@ from typing import Any
 
 from torch import Tensor
 
-from leanbatch.infobatch import InfoBatch
+from leanbatch import InfoBatch
 from leanbatch.selection import MemoryScores, ProxyScorer, ScorerScores, Selector, num_selected
 
 __all__ = ["Pick", "smallest_trained"]

@@ -38,8 +38,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from leanbatch import ProgressLR, cosine
 from leanbatch.engine.data import Budget
-from leanbatch.schedule import ProgressLR, cosine
 from leanbatch.tasks.images.config import TrainConfig
 from leanbatch.tasks.images.data import DataSplit
 from leanbatch.tasks.images.loop import augment
