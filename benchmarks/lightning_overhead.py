@@ -1,10 +1,10 @@
-"""The Lightning adapter's overhead against the plain loop of ``leanbatch bench``.
+"""The Lightning adapter's overhead against a plain loop like the built-in image task's.
 
     python benchmarks/lightning_overhead.py [--epochs 8] [--threads 1]
 
 Same data (4,000 bundled MNIST digits), model (the benchmark's small CNN, channels-last),
-batch size (128), optimiser and per-step cosine schedule in both. The plain loop is the
-benchmark's (batches gathered straight from the in-memory tensors); the Lightning runs are
+batch size (128), optimiser and per-step cosine schedule in both. The plain loop is the image
+task's (batches gathered straight from the in-memory tensors, :func:`plain_epochs`); the Lightning runs are
 ``examples/lightning_mnist.py``'s module in a stock ``Trainer`` (a DataLoader collating items,
 the callback for InfoBatch). Each Lightning epoch is followed by one epoch of the matching
 plain run, so a busy spell of a shared machine slows both alike. Epoch 0 trains every sample
@@ -20,17 +20,19 @@ import argparse
 import importlib.util
 import statistics
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 import torch
+import torch.nn.functional as F
 
-from leanbatch import InfoBatch
-from leanbatch.bench.data import load_data
-from leanbatch.bench.methods import parse_methods
-from leanbatch.bench.train import TrainConfig, Trainer, warm_up
+from leanbatch import InfoBatch, ProgressLR, cosine
 from leanbatch.lightning import LeanBatchCallback
+from leanbatch.tasks.images.config import TrainConfig
+from leanbatch.tasks.images.data import DataSplit, load_data
+from leanbatch.tasks.images.loop import evaluate, warm_up
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "lightning_mnist.py"
 
@@ -43,11 +45,46 @@ def load_example() -> Any:
     return module
 
 
+def plain_epochs(data: DataSplit, cfg: TrainConfig, prune: bool) -> Iterator[tuple[float, int, float]]:
+    """The plain loop, an epoch per ``next()``: its training time, its samples, the test accuracy."""
+    torch.manual_seed(0)
+    net, ds = cfg.make_model(data), InfoBatch(range(data.num_train), cfg.epochs, seed=0) if prune else None
+    opt = cfg.optimizer(net)
+    step, gen, steps = (
+        [0],
+        torch.Generator().manual_seed(0),
+        cfg.epochs * -(-data.num_train // cfg.batch_size),
+    )
+    sched = ProgressLR(
+        opt, ds if ds is not None else (lambda: min(1.0, step[0] / steps)), cosine(warmup=cfg.warmup)
+    )
+    for epoch in range(cfg.epochs):
+        t0 = time.perf_counter()
+        if ds is not None:
+            ds.set_epoch(epoch)
+            order = torch.tensor(list(ds.sampler))
+        else:
+            order = torch.randperm(data.num_train, generator=gen)
+        for i in range(0, len(order), cfg.batch_size):
+            idx = order[i : i + cfg.batch_size]
+            x = data.x_train[idx].contiguous(memory_format=torch.channels_last)
+            loss = F.cross_entropy(net(x), data.y_train[idx], reduction="none")
+            loss = loss.mean() if ds is None else ds.update(loss, idx)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            step[0] += 1
+            sched.step()
+        elapsed = time.perf_counter() - t0
+        yield elapsed, len(order), evaluate(net, data.x_test, data.y_test, cfg.eval_batch_size, True)[0]
+
+
 class Interleave(pl.Callback):
     """Times each Lightning epoch, then trains one epoch of the paired plain-loop run."""
 
-    def __init__(self, plain: Trainer):
+    def __init__(self, plain: Iterator[tuple[float, int, float]]):
         self.plain = plain
+        self.records: list[tuple[float, int, float]] = []
         self.times: list[float] = []
         self.samples: list[int] = []
         self._t0 = 0.0
@@ -64,7 +101,7 @@ class Interleave(pl.Callback):
 
     def on_train_epoch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self.times.append(time.perf_counter() - self._t0)
-        self.plain.run_epoch()
+        self.records.append(next(self.plain))
 
 
 def main() -> None:
@@ -82,7 +119,7 @@ def main() -> None:
     train_set = torch.utils.data.TensorDataset(data.x_train, data.y_train)
     rows = []
     for method in ("baseline", "infobatch"):
-        plain = Trainer(data, parse_methods(method)[0], 0, cfg)
+        plain = plain_epochs(data, cfg, prune=method == "infobatch")
         lb = None
         if method == "infobatch":
             lb = LeanBatchCallback(InfoBatch(train_set, args.epochs, prune_ratio=0.5, delta=0.875, seed=0))
@@ -98,14 +135,12 @@ def main() -> None:
             enable_progress_bar=False,
             enable_model_summary=False,
         ).fit(module)
-        ends = [r.train_time for r in plain.records]  # cumulative training time after each epoch
-        plain_times = [end - start for start, end in zip([0.0, *ends[:-1]], ends, strict=True)]
         rows.append(
             (
                 f"plain loop, {method}",
-                plain_times,
-                [r.loaded for r in plain.records],
-                plain.records[-1].test_acc,
+                [t for t, _, _ in timer.records],
+                [n for _, n, _ in timer.records],
+                timer.records[-1][2],
             )
         )
         acc = 100 * example.accuracy(module, data.x_test, data.y_test)

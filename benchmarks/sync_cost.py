@@ -35,9 +35,9 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from leanbatch.bench.models import SmallCNN
 from leanbatch.carrier import ScoreCarrier
 from leanbatch.rng import gather_step
+from leanbatch.tasks.images.models import SmallCNN
 
 
 def main() -> None:

@@ -22,10 +22,11 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from leanbatch import InfoBatch, ProgressLR, cosine
-from leanbatch.bench.data import load_data
-from leanbatch.bench.models import SmallCNN
-from leanbatch.bench.train import TrainConfig, warm_up
 from leanbatch.lightning import LeanBatchCallback
+from leanbatch.tasks.images.config import TrainConfig
+from leanbatch.tasks.images.data import load_data
+from leanbatch.tasks.images.loop import warm_up
+from leanbatch.tasks.images.models import SmallCNN
 
 EPOCHS = 8
 BATCH = 128

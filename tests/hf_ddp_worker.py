@@ -63,13 +63,15 @@ def main(
         "carried": None if (c := trainer.score_carrier) is None else (c.carried_rows, c.gathered_rows),
     }
     torch.save(result, f"{out}/rank{trainer.args.process_index}.pt")
-    import torch.distributed as dist
+    import gc
 
-    from leanbatch.bench.world import World
+    import torch.distributed as dist
 
     del trainer  # its DDP replica's reducer must go before the group (it aborted the exit otherwise)
     if dist.is_initialized():  # a gloo group left to the interpreter's exit can abort it too
-        World(dist.get_world_size(), dist.get_rank()).close()  # collects, meets, leaves the group
+        gc.collect()  # the replicas left in reference cycles, then every rank meets and leaves the group
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from leanbatch import cli
-from leanbatch.bench.data import DataError, load_data
+from leanbatch.tasks.images.data import DataError, load_data
 
 TINY = ["--epochs", "1", "--batch-size", "8", "--methods", "baseline", "--budgets", "none"]
 TINY += ["--batch-budgets", "none", "--widths", "4", "--no-plots", "--no-progress", "--threads", "1"]
@@ -266,7 +266,11 @@ def test_a_folder_of_neither_layout_is_one_line(tmp_path: Path, capsys: pytest.C
     [
         ((40, 1, 1), [], "images are 1x1 but the bench needs at least 2x2"),
         ((40, 3, 3), ["--augment"], "images are 3x3 but the bench needs at least 5x5: random-crop"),
-        ((40, 4, 4), ["--methods", "sb[sb_scale=0.2]"], "needs at least 5x5: the warm-up and the selection"),
+        (
+            (40, 4, 4),
+            ["--methods", "sb[scale_factor=0.2]"],
+            "needs at least 5x5: the warm-up and the selection",
+        ),
     ],
 )
 def test_images_too_small_for_the_model_say_the_minimum(
@@ -357,12 +361,12 @@ def test_micro_unwritable_json_is_refused_before_it_runs(
 @pytest.mark.parametrize(
     ("methods", "needle"),
     [
-        ("obs[obs_pressure=inf]", "obs[obs_pressure=inf]': pressure must be a finite number, got inf"),
+        ("obs[pressure=inf]", "obs[pressure=inf]': pressure must be a finite number, got inf"),
         ("obs[pressure=nan]", "pressure must be a finite number, got nan"),
-        ("sb[sb_keep=nan]", "keep must be a finite number, got nan"),
+        ("sb[keep=nan]", "keep must be a finite number, got nan"),
         ("infobatch[delta=-inf]", "delta must be a finite number, got -inf"),
-        ("ucb[ucb_c=1e999]", "c must be a finite number, got inf"),
-        ("infobatch[ib_max_weight=inf]", "max_weight must be a finite number, got inf"),
+        ("ucb[c=1e999]", "c must be a finite number, got inf"),
+        ("infobatch[max_weight=inf]", "max_weight must be a finite number, got inf"),
     ],
 )
 def test_nan_or_inf_in_brackets_is_one_line(
@@ -385,9 +389,9 @@ def test_a_last_batch_of_one_with_batchnorm_is_left_out_and_said(
     assert cli.main([*args, "--methods", "baseline,sb", "--out", str(tmp_path / "o")]) == 0
     out = capsys.readouterr().out
     assert "201 training samples in batches of 8 leave a last batch of one" in out
-    assert out.count("2 left out in last batches of one") == 2  # per run (one per epoch), on the terminal
+    assert out.count("2 served, not trained") == 2  # per run (one per epoch), on the terminal
     payload = json.loads((tmp_path / "o" / "results.json").read_text())
-    assert payload["config"]["dropped_last_batch"] is True
+    assert payload["config"]["task_config"]["dropped_last_batch"] is True
     baseline, sb = _epochs(tmp_path / "o")
     assert [(e["loaded"], e["dropped"], e["steps"]) for e in baseline + sb] == [(201, 1, 25)] * 4
     assert [e["forwarded"] for e in baseline] == [200, 200]  # the other 200 samples, in 25 batches of 8
@@ -410,7 +414,12 @@ def test_pruned_epochs_ending_with_a_batch_of_one_leave_it_out(
             e["steps"] == -(-(e["loaded"] - e["dropped"]) // 8)
             and e["forwarded"] == e["loaded"] - e["dropped"]
         )
-    assert json.loads((tmp_path / "o" / "results.json").read_text())["config"]["dropped_last_batch"] is False
+    assert (
+        json.loads((tmp_path / "o" / "results.json").read_text())["config"]["task_config"][
+            "dropped_last_batch"
+        ]
+        is False
+    )
 
 
 @pytest.mark.parametrize(

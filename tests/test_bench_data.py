@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from leanbatch.bench.data import DataError, load_data, looks_like_path
+from leanbatch.tasks.images.data import DataError, load_data, looks_like_path
 
 
 def test_digits_builtin_is_split_and_normalised() -> None:

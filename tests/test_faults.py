@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from leanbatch import cli
-from leanbatch.bench.report import write_results
+from leanbatch.engine.outputs import write_results
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 TINY = ["--data", "digits", "--epochs", "1", "--limit-train", "200", "--methods", "baseline"]
@@ -296,14 +296,14 @@ def test_report_of_another_json_writes_beside_it_and_touches_nothing_else(
     folder.mkdir()
     (folder / "results.json").write_text(json.dumps(OLD))  # another run's result
     (folder / "other.json").write_bytes((bench_dir / "results.json").read_bytes())
-    (folder / "accuracy_vs_time.png").write_bytes(b"another run's plot")
+    (folder / "metric_vs_time.png").write_bytes(b"another run's plot")
     before = _snapshot(folder)
     for _ in range(2):  # the second time it replaces its own output
         assert cli.main(["report", str(folder / "other.json"), "--clock", "cpu"]) == 0
         assert _snapshot(folder) == before
         report = json.loads((folder / "other.report" / "results.json").read_text())
         assert report["recomputed_from"] == str(folder / "other.json")
-        assert (folder / "other.report" / "accuracy_vs_time.png").read_bytes()[:4] == b"\x89PNG"
+        assert (folder / "other.report" / "metric_vs_time.png").read_bytes()[:4] == b"\x89PNG"
     assert str(folder / "other.report" / "results.json") in capsys.readouterr().out
 
 

@@ -22,9 +22,9 @@ from lightning_job import quiet  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 from leanbatch import InfoBatch, ProgressLR, SelectiveBackprop, cosine  # noqa: E402
-from leanbatch.bench.data import load_data  # noqa: E402
-from leanbatch.bench.models import SmallCNN  # noqa: E402
 from leanbatch.lightning import LeanBatchCallback  # noqa: E402
+from leanbatch.tasks.images.data import load_data  # noqa: E402
+from leanbatch.tasks.images.models import SmallCNN  # noqa: E402
 
 EPOCHS = 6
 quiet()

@@ -7,7 +7,7 @@ import pytest
 import torch
 from test_sharded import policy
 
-from leanbatch.bench.micro_sharded import _fill, _measure
+from leanbatch.micro.sharded import _fill, _measure
 from leanbatch.planner import EpochPlanner
 from leanbatch.scores import ScoreTable
 from leanbatch.sharding import Sharding

@@ -1,8 +1,10 @@
-"""The ``leanbatch`` command: measure the speed-up on real data.
+"""The ``leanbatch`` command: judge your own training, or the built-in image task, against the envelope.
 
-``leanbatch bench`` trains the same model with the same seeds under each method and prints a
-side-by-side table; ``leanbatch micro plan|update|select`` times the library's own overheads.
-Run ``leanbatch bench --help`` for the options. Bad input prints one line on stderr and exits
+``leanbatch bench`` trains a task under each method with the same seeds, beside the baseline trained
+shorter and on smaller batches, and prints the answer and the tables; ``leanbatch report`` recomputes
+them from results.json files (merging parts of one study); ``leanbatch micro plan|update|select`` times
+the library's own overheads. A base install (torch only) runs ``leanbatch --help`` and
+``--version``; what needs the ``bench`` extra says so. Bad input prints one line on stderr and exits
 with status 2; Ctrl-C stops cleanly (status 130) and keeps the finished runs.
 """
 
@@ -14,50 +16,51 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from leanbatch.cli_args import CLIError, build_parser, check_micro_options, int_list  # argparse only
+
 __all__ = ["main", "build_parser"]
 
-
-from leanbatch.cli_args import (  # argparse only: torch loads inside main()
-    CLIError,
-    build_parser,
-    check_micro_options,
-)
-from leanbatch.cli_bench import int_list, publish, resolve_device, run_bench
+_EXTRA = {"numpy", "mlxtend", "sklearn", "matplotlib", "tqdm", "PIL"}  # what the bench extra installs
 
 
 def run_report(args: argparse.Namespace) -> int:
-    """``leanbatch report``: the tables and plots of a finished bench, recomputed from its runs.
+    """``leanbatch report``: the tables and plots of finished benches, recomputed from their runs.
 
     They go to ``--out`` or to ``<name>.report/`` beside the input, and replace nothing but an
-    earlier report's output there (:func:`leanbatch.bench.outputs.check_report_folder`).
+    earlier report's output there (:func:`leanbatch.engine.outputs.check_report_folder`).
     """
-    from leanbatch.bench.outputs import REPORT_KEY, check_report_folder, report_folder, results_file
-    from leanbatch.bench.plots import PLOT_NAMES
-    from leanbatch.bench.report import merge_results, read_results, rebuild
+    from leanbatch.engine.outputs import (
+        REPORT_KEY,
+        check_report_folder,
+        read_results,
+        report_folder,
+        results_file,
+    )
+    from leanbatch.engine.plots import PLOT_NAMES
+    from leanbatch.engine.results import merge_results, rebuild
+    from leanbatch.engine.study import publish
 
     sources = [results_file(Path(r)) for r in args.results]
-    source = sources[0]
     if len(sources) > 1 and not args.out:
         raise CLIError("several results merge into one report: give --out a folder for it")
     try:
         payloads = [read_results(s) for s in sources]
-        payload = rebuild(
-            payloads[0] if len(sources) == 1 else merge_results(payloads, [str(s) for s in sources])
-        )
-    except ValueError as e:
-        raise CLIError(str(e)) from None
-    except (KeyError, TypeError) as e:
-        names = ", ".join(str(s) for s in sources)
-        raise CLIError(f"{names}: a results.json without the runs' details ({e})") from None
-    payload["config"]["clock"] = args.clock
-    payload[REPORT_KEY] = str(source) if len(sources) == 1 else [str(s) for s in sources]
-    out = Path(args.out) if args.out else report_folder(source)
+        merged = payloads[0] if len(sources) == 1 else merge_results(payloads, [str(s) for s in sources])
+        payload = rebuild({**merged, "config": {**merged["config"], "clock": args.clock}}, str(sources[0]))
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
+        raise CLIError(
+            str(e)
+            if isinstance(e, ValueError)
+            else f"{sources[0]}: not a results.json ({type(e).__name__}: {e})"
+        ) from None
+    payload[REPORT_KEY] = str(sources[0]) if len(sources) == 1 else [str(s) for s in sources]
+    out = Path(args.out) if args.out else report_folder(sources[0])
     try:
         if out.exists() and not out.is_dir():
             raise CLIError(f"--out {out} exists and is not a folder")
         out.mkdir(parents=True, exist_ok=True)
         for s in sources:
-            check_report_folder(out, s, PLOT_NAMES)
+            check_report_folder(out, s, (*PLOT_NAMES, "report.html"))
     except OSError as e:
         raise CLIError(f"cannot write {out}: {e.strerror or e}") from None
     except ValueError as e:
@@ -67,10 +70,10 @@ def run_report(args: argparse.Namespace) -> int:
     return 0
 
 
-# ---------------------------------------------------------------------------- micro
 def run_micro(args: argparse.Namespace) -> int:
     """``leanbatch micro plan|update|select``."""
-    from leanbatch.bench import micro
+    from leanbatch.cli_bench import resolve_device
+    from leanbatch.micro import overheads as micro
 
     json_path = check_micro_options(args)
     if args.micro == "plan":
@@ -78,7 +81,7 @@ def run_micro(args: argparse.Namespace) -> int:
         if args.world is not None and not args.shard:
             raise CLIError("--world simulates the ranks of a sharded plan: add --shard")
         if args.shard:
-            from leanbatch.bench import micro_sharded
+            from leanbatch.micro import sharded as micro_sharded
 
             world = 8 if args.world is None else args.world
             if world < 1 or min(sizes) < world:
@@ -89,12 +92,10 @@ def run_micro(args: argparse.Namespace) -> int:
             rows = micro.bench_plan(sizes, repeats=args.repeats, policy=args.policy)
             print(micro.format_plan(rows))
     elif args.micro == "update":
-        device = resolve_device(args.device)
-        rows = micro.bench_update(args.num_samples, args.batch_size, args.steps, device)
+        rows = micro.bench_update(args.num_samples, args.batch_size, args.steps, resolve_device(args.device))
         print(micro.format_update(rows))
     else:
-        device = resolve_device(args.device)
-        rows = micro.bench_select(args.batch_size, args.steps, device)
+        rows = micro.bench_select(args.batch_size, args.steps, resolve_device(args.device))
         print(micro.format_select(rows))
     if json_path is not None:
         micro.write_json(json_path, args.micro, rows)
@@ -102,7 +103,6 @@ def run_micro(args: argparse.Namespace) -> int:
     return 0
 
 
-# ---------------------------------------------------------------------------- entry point
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``leanbatch`` console script and ``python -m leanbatch``; returns the exit status.
 
@@ -117,27 +117,26 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
+    import warnings
+
+    # torch's own note when numpy is absent (a base install): the command needs no numpy to start
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
-    except SystemExit as e:  # --help, or a one-line usage error already printed
+    except SystemExit as e:  # --help, --version, or a one-line usage error already printed
         return e.code if isinstance(e.code, int) else 2
     args.argv = argv
     if args.command is None:
         parser.print_help()
         return 2
-    from leanbatch.bench.data import DataError
-    from leanbatch.bench.methods import MethodError
-    from leanbatch.bench.presets import PresetError
-
     try:
-        if args.command == "bench":
-            return run_bench(args)
-        if args.command == "report":
-            return run_report(args)
-        return run_micro(args)
-    except (CLIError, DataError, MethodError, PresetError) as e:
-        print(f"leanbatch: error: {e}", file=sys.stderr)
+        return _dispatch(args)
+    except ModuleNotFoundError as e:
+        if (e.name or "").split(".")[0] not in _EXTRA:
+            raise
+        need = f'leanbatch {args.command} needs the bench extra: pip install "leanbatch[bench]" (no module {e.name!r})'
+        print(f"leanbatch: error: {need}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # e.g. piped into head
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -146,6 +145,28 @@ def _main(argv: list[str]) -> int:
     except OSError as e:  # a write failed (disk full, a file vanished): the reason, not a traceback
         print(f"leanbatch: error: {e}", file=sys.stderr)
         return 1
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    from leanbatch.arms.methods import ArmError
+    from leanbatch.cli_bench import run_bench
+    from leanbatch.engine.contract import TaskError
+
+    bad: tuple[type[Exception], ...] = (CLIError, ArmError, TaskError)
+    if args.command == "bench" and not args.task:
+        from leanbatch.tasks.images.data import DataError
+        from leanbatch.tasks.images.presets import PresetError
+
+        bad += (DataError, PresetError)
+    try:
+        if args.command == "bench":
+            return run_bench(args)
+        if args.command == "report":
+            return run_report(args)
+        return run_micro(args)
+    except bad as e:
+        print(f"leanbatch: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
 """The ``leanbatch`` command's arguments: the parser of ``bench``, ``report`` and ``micro``, and the
-checks of what it parsed that need more than one option or the file system (run before any work).
+checks of what it parsed. Building the parser needs torch only (no extra), so a base install's
+``leanbatch --help`` works; a subcommand that needs the ``bench`` extra says so when it runs.
 
 >>> args = build_parser().parse_args(["bench", "--quick", "--seeds", "0,1"])
 >>> args.command, args.quick
@@ -13,7 +14,23 @@ import math
 from pathlib import Path
 from typing import Any, NoReturn
 
-__all__ = ["CLIError", "build_parser", "check_training_options", "check_out_folder", "check_micro_options"]
+__all__ = [
+    "IMAGE_OPTIONS",
+    "MAX_SEED",
+    "CLIError",
+    "build_parser",
+    "check_micro_options",
+    "check_out_folder",
+    "check_training_options",
+    "int_list",
+]
+
+MAX_SEED = 2**31 - 1  # a seed every generator takes (torch, numpy, Python), with room for offsets
+# the built-in image task's options: refused with --task, which brings its own training
+IMAGE_OPTIONS = (
+    "data", "preset", "quick", "epochs", "batch_size", "limit_train", "limit_test", "model", "widths", "lr",
+    "momentum", "weight_decay", "warmup", "lr_rule", "augment", "channels_last", "device",
+)  # fmt: skip
 
 
 class CLIError(Exception):
@@ -27,26 +44,15 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Show a default only where it says something: not None/False, not already in the help."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        if action.default is None or action.default is False or "default" in text:
-            return text
-        return super()._get_help_string(action) or text
-
-
-class _TableFormatter(argparse.RawDescriptionHelpFormatter, _Formatter):
-    """:class:`_Formatter` that keeps the description's and the epilog's lines as written (tables)."""
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the description's and the epilog's lines as written (tables)."""
 
 
 def _int(text: str) -> int:
     try:
-        v = int(text)
+        return int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    return v
 
 
 def _float(text: str) -> float:
@@ -60,85 +66,115 @@ def _float(text: str) -> float:
     return value
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of the ``leanbatch`` command."""
-    from leanbatch.bench.data import BUILTIN_DATASETS
-    from leanbatch.bench.help_text import methods_help
-    from leanbatch.bench.methods import DEFAULT_METHODS, global_setting
-    from leanbatch.bench.presets import DEFAULT_BATCH_BUDGETS, DEFAULT_BUDGETS, PRESETS
+def int_list(
+    text: str, option: str, positive: bool = False, high: int | None = None, parse: Any = int
+) -> list[int]:
+    """The comma-separated integers of ``option`` (each read with ``parse``, at most ``high``);
+    :class:`CLIError` of one line if not.
 
-    parser = _Parser(
-        prog="leanbatch",
-        description="leanbatch: skip the training work your model does not need, and measure whether it paid.",
-    )
-    sub = parser.add_subparsers(dest="command", metavar="{bench,report,micro}", parser_class=_Parser)
+    Example:
+        >>> int_list("128,256", "--sizes"), int_list("1e3", "--sizes", parse=lambda v: int(float(v)))
+        ([128, 256], [1000])
+    """
+    try:
+        values = [parse(v) for v in text.split(",") if v.strip()]
+    except (ValueError, OverflowError):
+        raise CLIError(f"{option} must be comma-separated integers, got {text!r}") from None
+    if positive and (not values or min(values) < 1):
+        raise CLIError(f"{option} must be positive integers, got {text!r}")
+    if high is not None and any(not 0 <= v <= high for v in values):
+        raise CLIError(f"{option} must be integers from 0 to {high}, got {text!r}")
+    return values
+
+
+def _bench_parser(sub: Any) -> None:
+    from leanbatch.arms.registry import kinds_help
 
     b = sub.add_parser(
-        "bench",
-        help="train with each method on real data and compare time and accuracy",
-        description=(
-            "Train the same model with the same seeds under each method; print a table\n"
-            "and write results.json and PNG plots to --out."
-        ),
-        epilog=methods_help(),
-        formatter_class=_TableFormatter,
-    )
+        "bench", help="train a task under each method and compare time and metric", epilog=kinds_help(),
+        description="Train a task (yours with --task, else the built-in image task) under each method with the same\n"
+        "seeds, beside the baseline trained shorter and on smaller batches (the envelope); print the answer,\n"
+        "then the tables, and write results.json, the plots and report.html to --out.",
+        formatter_class=_Formatter,
+    )  # fmt: skip
+    _run_options(b)
+    _image_options(b)
+    _method_options(b)
+    _output_options(b)
+
+
+def _run_options(b: Any) -> None:
+    """``bench``'s options of what to run: the task, the arms, the seeds, the metric."""
+    from leanbatch.arms.methods import DEFAULT_BATCH_BUDGETS, DEFAULT_BUDGETS, DEFAULT_METHODS
+
     g = b.add_argument_group("what to run")
     g.add_argument(
-        "--data",
+        "--task",
         default=None,
-        help=f"built-in dataset ({', '.join(BUILTIN_DATASETS)}; default mnist-5k) or a path: .npz with "
-        "x_train/y_train/x_test/y_test, a CIFAR-10 python-batches folder, or an ImageFolder",
+        help="your task: path/to/file.py:train or package.module:train, a function train(run) -> metric (docs/bench.md); default: the built-in image task",
     )
     g.add_argument(
         "--methods",
-        default=",".join(DEFAULT_METHODS),
-        help="comma-separated method kinds, each optionally with settings in brackets (a row of its own), "
-        "e.g. 'infobatch+sb[start=0.2,keep=0.7]'; every kind and setting is listed below",
+        default=None,
+        help=f"comma-separated method kinds, each optionally with settings in brackets (an arm of its own), e.g. 'infobatch+sb[start=0.2,keep=0.7]' (default {','.join(DEFAULT_METHODS)}; for a --task that never calls run.select, the ones that do not select); every kind below",
     )
-    g.add_argument("--epochs", type=_int, default=None, help="epochs per run (default 8)")
-    g.add_argument("--seeds", default=None, help="comma-separated seeds (default 0)")
-    g.add_argument("--batch-size", type=_int, default=128, help="samples per batch")
+    g.add_argument("--seeds", default=None, help="comma-separated seeds (default 0; --quick: 0,1,2)")
     g.add_argument(
         "--budgets",
         default=None,
-        help="the baseline also trained for these fractions of its steps, with its schedule ending at "
-        "its own end: the frontier every method is compared with at equal time; 'none' to skip "
-        f"(default {DEFAULT_BUDGETS})",
+        help=f"the baseline also trained for these shares of its steps, its schedule ending at its own end; 'none' to skip (default {DEFAULT_BUDGETS})",
     )
     g.add_argument(
         "--batch-budgets",
         default=None,
-        help="the baseline also trained for all its steps on batches of these fractions of --batch-size "
-        "(round(b x B) rows): the envelope's second family; 'none' to skip "
-        f"(default {DEFAULT_BATCH_BUDGETS})",
+        help=f"the baseline also trained for all its steps on batches of these shares of the batch size; 'none' to skip (default {DEFAULT_BATCH_BUDGETS})",
     )
     g.add_argument(
         "--controls",
         action="store_true",
-        help="run each method that has a uniform twin beside it (the same budget chosen at random; listed "
-        "below) and compare the two: what the choosing buys",
+        help="run each method that has a uniform twin beside it (the same budget chosen at random; below): what the choosing buys",
     )
     g.add_argument(
-        "--preset",
-        choices=tuple(PRESETS),
+        "--metric",
         default=None,
-        help="quick: a first look, 5,000 bundled MNIST digits, 8 epochs, seeds 0,1,2 (under 2 minutes on 2 "
-        "CPU cores); cifar10: CIFAR-10 from --data, small CNN, 15 epochs, seeds 0,1,2 (see the README "
-        "for its time); explicit options win",
+        help="the name of the metric the task logs and returns (default: metric; the image task's: accuracy)",
     )
-    g.add_argument("--quick", action="store_true", help="the same as --preset quick")
+    g.add_argument(
+        "--goal",
+        choices=("max", "min"),
+        default=None,
+        help="max: higher is better; min: lower is better (default: min for a name holding loss, perplexity or error, else max)",
+    )
     g.add_argument(
         "--interleave",
         choices=("epoch", "run"),
         default="epoch",
-        help="epoch: the methods of a seed train side by side, one epoch of each in turn, so a busy "
-        "spell of the machine slows them alike; run: one whole run after another",
+        help="epoch (default): the arms of a seed take turns, an epoch each (at run.log), so a busy spell slows them alike; run: whole runs, the order rotated per seed",
     )
-    g.add_argument("--limit-train", type=_int, default=None, help="use only this many training samples")
-    g.add_argument("--limit-test", type=_int, default=None, help="use only this many test samples")
+    g.add_argument("--threads", type=_int, default=None, help="torch CPU threads (default: torch's)")
 
-    t = b.add_argument_group("training (the same for every method)")
+
+def _image_options(b: Any) -> None:
+    """``bench``'s options of the built-in image task."""
+    from leanbatch.tasks.images.presets import BUILTIN_DATASETS, PRESETS
+
+    t = b.add_argument_group("the built-in image task (without --task)")
+    t.add_argument(
+        "--data",
+        default=None,
+        help=f"built-in dataset ({', '.join(BUILTIN_DATASETS)}; default mnist-5k) or a path: .npz with x_train/y_train/x_test/y_test, a CIFAR-10 python-batches folder, or an ImageFolder",
+    )
+    t.add_argument(
+        "--preset",
+        choices=tuple(PRESETS),
+        default=None,
+        help="quick: 5,000 bundled MNIST digits, 8 epochs, seeds 0,1,2 (under 2 minutes on 2 CPU cores); cifar10: CIFAR-10 from --data, small CNN, 15 epochs, seeds 0,1,2; explicit options win",
+    )
+    t.add_argument("--quick", action="store_true", help="the same as --preset quick")
+    t.add_argument("--epochs", type=_int, default=None, help="epochs of the full run (default 8)")
+    t.add_argument("--batch-size", type=_int, default=None, help="samples per batch (default 128)")
+    t.add_argument("--limit-train", type=_int, default=None, help="use only this many training samples")
+    t.add_argument("--limit-test", type=_int, default=None, help="use only this many test samples")
     t.add_argument(
         "--model",
         choices=("cnn", "resnet"),
@@ -146,16 +182,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="default: resnet for 32x32 RGB, else cnn (--preset cifar10: cnn)",
     )
     t.add_argument("--widths", default=None, help="channel widths of the model's stages, e.g. 16,32,64")
-    t.add_argument("--lr", type=_float, default=0.1, help="peak learning rate (SGD, per-step cosine)")
-    t.add_argument("--momentum", type=_float, default=0.9, help="SGD momentum (Nesterov)")
-    t.add_argument("--weight-decay", type=_float, default=5e-4, help="SGD weight decay")
-    t.add_argument("--warmup", type=_float, default=0.03, help="fraction of training with linear LR warm-up")
+    t.add_argument(
+        "--lr", type=_float, default=None, help="peak learning rate (SGD, per-step cosine; default 0.1)"
+    )
+    t.add_argument("--momentum", type=_float, default=None, help="SGD momentum, Nesterov (default 0.9)")
+    t.add_argument("--weight-decay", type=_float, default=None, help="SGD weight decay (default 5e-4)")
+    t.add_argument(
+        "--warmup", type=_float, default=None, help="share of training with linear LR warm-up (default 0.03)"
+    )
     t.add_argument(
         "--lr-rule",
         choices=("same", "scaled"),
-        default="same",
-        help="LR of a step that trains fewer rows than --batch-size (a batch budget, a selected batch): "
-        "the same, or scaled by rows / batch size",
+        default=None,
+        help="LR of a step that trains fewer rows than --batch-size (a batch budget, a selected batch): the same (default), or scaled by rows / batch size",
     )
     t.add_argument(
         "--augment",
@@ -166,91 +205,84 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument(
         "--channels-last",
         action=argparse.BooleanOptionalAction,
-        default=True,
-        help="channels-last memory format (faster convolutions on CPU)",
+        default=None,
+        help="channels-last memory format (default: on)",
     )
-    t.add_argument("--device", default="auto", help="auto (cuda when available, else cpu), cpu, cuda, cuda:1")
-    t.add_argument("--threads", type=_int, default=None, help="torch CPU threads (default: torch's)")
+    t.add_argument(
+        "--device", default=None, help="auto (default: cuda when available, else cpu), cpu, cuda, cuda:1"
+    )
+
+
+def _method_options(b: Any) -> None:
+    """``bench``'s options that set a method setting in every arm that has it."""
+    from leanbatch.arms.methods import OPTIONS, option_setting
 
     h = b.add_argument_group(
-        "method settings for every row that has them (brackets win; defaults: the papers')"
+        "method settings for every arm that has them (brackets win; defaults: the papers')"
     )
-    for option, kind, meaning in (
-        ("--prune-ratio", _float, "share of the below-mean samples pruned"),
-        ("--delta", _float, "share of the epochs that prune"),
-        ("--sb-keep", _float, "share of a batch trained on"),
-        ("--sb-start", _float, "start (share of training)"),
-        ("--sb-end", _float, "end (share of training)"),
-        ("--sb-scale", _float, "selection-pass downsampling"),
-        ("--sb-interrupt", _int, "every n-th batch trains in full"),
-    ):
-        name, kinds, default = global_setting(option[2:].replace("-", "_"))
-        h.add_argument(option, type=kind, default=default, help=f"{name} of {', '.join(kinds)}: {meaning}")
-    h.add_argument(
-        "--stack-scores",
-        choices=("selection", "trained"),
-        default="selection",
-        help="infobatch+sb: scores from the selection pass (all examples) or the trained ones",
-    )
+    for option in OPTIONS:
+        name, kinds, default = option_setting(option)
+        kind = str if option == "stack_scores" else _int if isinstance(default, int) else _float
+        h.add_argument(
+            "--" + option.replace("_", "-"),
+            type=kind,
+            default=None,
+            help=f"{name} of {', '.join(kinds)} (default {default})",
+        )
 
+
+def _output_options(b: Any) -> None:
+    """``bench``'s output options."""
     o = b.add_argument_group("output")
     o.add_argument(
         "--out",
         default="leanbatch-results",
-        help="folder for results.json and the plots; a results.json already there is replaced only by a "
-        "complete run (an interrupted one goes to results.partial.json)",
+        help="folder for results.json, the plots and report.html (default leanbatch-results); a results.json already there is replaced only by a complete study (an interrupted one goes to results.partial.json)",
     )
     o.add_argument(
-        "--tolerance", type=_float, default=0.2, help="accuracy points below baseline for t->target"
+        "--tolerance",
+        type=_float,
+        default=0.2,
+        help="the metric's distance from the baseline's final value that counts as reaching it (t->target; default 0.2)",
     )
     o.add_argument(
         "--clock",
         choices=("wall", "cpu"),
         default="wall",
-        help="time axis of the equal-time table and plot: training wall-clock, or the process's CPU time "
-        "(steadier on a shared machine with --threads 1); results.json holds both",
+        help="time axis of the envelope: training wall-clock (default), or the process's CPU time (steadier on a shared machine with --threads 1); results.json holds both",
     )
-    o.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    o.add_argument("--no-plots", action="store_true", help="skip the PNG plots and report.html")
     o.add_argument(
-        "--no-progress", action="store_true", help="no progress bars (they hide off a terminal anyway)"
+        "--no-progress",
+        action="store_true",
+        help="no progress line (on a terminal: the arm, its epoch, its metric, at every run.log)",
     )
 
+
+def _report_parser(sub: Any) -> None:
     r = sub.add_parser(
-        "report",
-        help="recompute the tables and plots of a finished bench from its results.json",
-        description="Read a results.json (or the folder holding it), recompute the summary and the "
-        "equal-time comparison from its runs with this version, print both tables, and write the "
-        "updated results.json and plots to --out (default: <name>.report/ beside the results file). "
-        "It never writes over its input or a file another command wrote.",
-        formatter_class=_Formatter,
-    )
+        "report", help="recompute the tables and plots of finished benches from their results.json, merging parts",
+        description="Read a results.json (or the folder that holds it), recompute the answer, the summary, the envelope "
+        "and the controls from its runs, print them, and write results.json, the plots and report.html to --out "
+        "(default: <name>.report/ beside the results file). Several files (parts of one study: other --seeds or "
+        "--methods, one per core, machine or torchrun job) merge into one report. Nothing is written over its input.",
+    )  # fmt: skip
+    r.add_argument("results", nargs="+", help="results.json files, or the folders that hold them")
     r.add_argument(
-        "results",
-        nargs="+",
-        help="a results.json, or the folder that holds it; several (one bench run on other --seeds, e.g. "
-        "one per core) merge into one report, written to --out",
+        "--out", default=None, help="folder for the report (default: <name>.report/ beside the one input)"
     )
-    r.add_argument(
-        "--out",
-        default=None,
-        help="folder for results.json and the plots (default: <name>.report/ beside the results file)",
-    )
-    r.add_argument(
-        "--clock", choices=("wall", "cpu"), default="wall", help="time axis of the equal-time table"
-    )
-    r.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    r.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="time axis of the envelope")
+    r.add_argument("--no-plots", action="store_true", help="skip the PNG plots and report.html")
 
+
+def _micro_parser(sub: Any) -> None:
     m = sub.add_parser(
         "micro",
         help="micro-benchmarks of the library's overheads",
         description="Micro-benchmarks: epoch planning time and memory, update() and selection cost per step.",
     )
     msub = m.add_subparsers(dest="micro", metavar="{plan,update,select}", parser_class=_Parser)
-    mp = msub.add_parser(
-        "plan",
-        help="time and memory to plan one pruning epoch, for N samples",
-        formatter_class=_Formatter,
-    )
+    mp = msub.add_parser("plan", help="time and memory to plan one pruning epoch, for N samples")
     mp.add_argument("--sizes", default="1280000,10000000,100000000", help="comma-separated dataset sizes")
     mp.add_argument("--repeats", type=_int, default=5, help="plans timed per size (best is reported)")
     mp.add_argument("--policy", choices=("infobatch", "random"), default="infobatch")
@@ -262,31 +294,37 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="sharded scores and plans (shard_scores=True), per simulated rank",
     )
-    mu = msub.add_parser(
-        "update",
-        help="microseconds per InfoBatch.update() call",
-        formatter_class=_Formatter,
-    )
+    mu = msub.add_parser("update", help="microseconds per InfoBatch.update() call")
     mu.add_argument("--batch-size", type=_int, default=128)
     mu.add_argument("--num-samples", type=_int, default=60000)
     mu.add_argument("--steps", type=_int, default=300, help="steps per timed block")
     mu.add_argument("--device", default="cpu")
-    ms = msub.add_parser(
-        "select",
-        help="Selective Backprop's selection cost per step vs a training step",
-        formatter_class=_Formatter,
-    )
+    ms = msub.add_parser("select", help="Selective Backprop's selection cost per step vs a training step")
     ms.add_argument("--batch-size", type=_int, default=128)
     ms.add_argument("--steps", type=_int, default=50)
     ms.add_argument("--device", default="cpu")
     for p in (mp, mu, ms):
         p.add_argument("--json", default=None, help="also write the figures to this JSON file")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of the ``leanbatch`` command."""
+    import leanbatch
+
+    parser = _Parser(
+        prog="leanbatch",
+        description="leanbatch: skip the training work your model does not need, and measure whether it paid.",
+    )
+    parser.add_argument("--version", action="version", version=f"leanbatch {leanbatch.__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="{bench,report,micro}", parser_class=_Parser)
+    _bench_parser(sub)
+    _report_parser(sub)
+    _micro_parser(sub)
     return parser
 
 
 # ---------------------------------------------------------------------------- checks of parsed values
 def _option(value: Any, option: str, low: float | None = None, high: float | None = None, **kw: Any) -> float:
-    """``value`` checked by :func:`leanbatch.checks.check_real` under the option's name; CLIError if not."""
     from leanbatch.checks import check_real
 
     try:
@@ -296,7 +334,6 @@ def _option(value: Any, option: str, low: float | None = None, high: float | Non
 
 
 def _count(value: Any, option: str, minimum: int = 1) -> int:
-    """``value`` checked by :func:`leanbatch.checks.check_int` under the option's name; CLIError if not."""
     from leanbatch.checks import check_int
 
     try:
@@ -306,10 +343,8 @@ def _count(value: Any, option: str, minimum: int = 1) -> int:
 
 
 def check_training_options(args: argparse.Namespace) -> None:
-    """Raise :class:`CLIError` unless the training options every method shares are in range.
-
-    NaN and infinity never pass (the parser already refuses them; this holds for a namespace
-    built any other way too); the methods' own ranges are checked per method.
+    """Raise :class:`CLIError` unless the options every arm shares are in range (the image task's
+    with it; the methods' own ranges are checked per arm).
 
     Example:
         >>> args = build_parser().parse_args(["bench", "--momentum", "0"])
@@ -319,22 +354,25 @@ def check_training_options(args: argparse.Namespace) -> None:
         ...     print(str(e).split(": ")[0])
         --momentum must be a finite number in (0, 1), got 0.0
     """
-    _count(args.batch_size, "--batch-size")
-    _option(args.lr, "--lr", 0.0, low_open=True)
-    _option(
-        args.momentum,
-        "--momentum",
-        0.0,
-        1.0,
-        low_open=True,
-        high_open=True,
-        hint="the SGD is Nesterov, which needs a momentum > 0",
-    )
-    _option(args.weight_decay, "--weight-decay", 0.0)
-    _option(args.warmup, "--warmup", 0.0, 1.0, high_open=True)
+    if args.batch_size is not None:
+        _count(args.batch_size, "--batch-size")
+    if args.lr is not None:
+        _option(args.lr, "--lr", 0.0, low_open=True)
+    if args.momentum is not None:
+        _option(
+            args.momentum,
+            "--momentum",
+            0.0,
+            1.0,
+            low_open=True,
+            high_open=True,
+            hint="the SGD is Nesterov, which needs a momentum > 0",
+        )
+    if args.weight_decay is not None:
+        _option(args.weight_decay, "--weight-decay", 0.0)
+    if args.warmup is not None:
+        _option(args.warmup, "--warmup", 0.0, 1.0, high_open=True)
     _option(args.tolerance, "--tolerance", 0.0)
-    for name in ("prune_ratio", "delta", "sb_keep", "sb_start", "sb_end", "sb_scale"):  # ranges: per method
-        _option(getattr(args, name), "--" + name.replace("_", "-"))
     if args.threads is not None:
         _count(args.threads, "--threads")
 
@@ -350,18 +388,17 @@ def check_out_folder(out: Path) -> None:
         ...     print(e)
         --out /dev/null exists and is not a folder
     """
-    from leanbatch.bench.files import check_writable_folder
-    from leanbatch.bench.outputs import check_bench_out
+    from leanbatch.engine.files import check_writable_folder
+    from leanbatch.engine.outputs import check_bench_out
 
     if out.exists() and not out.is_dir():
         raise CLIError(f"--out {out} exists and is not a folder")
     try:
         out.mkdir(parents=True, exist_ok=True)
         check_writable_folder(out)
+        check_bench_out(out)
     except OSError as e:
         raise CLIError(f"cannot write --out {out}: {e.strerror or e}") from None
-    try:
-        check_bench_out(out)
     except ValueError as e:
         raise CLIError(str(e)) from None
 
@@ -378,7 +415,7 @@ def check_micro_options(args: argparse.Namespace) -> Path | None:
         ...     print(e)
         --steps must be an int >= 1, got 0
     """
-    from leanbatch.bench.files import check_target, check_writable_folder
+    from leanbatch.engine.files import check_target, check_writable_folder
 
     if args.micro is None:
         raise CLIError("micro needs a benchmark: plan, update or select (see leanbatch micro --help)")

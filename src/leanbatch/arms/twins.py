@@ -1,0 +1,81 @@
+"""The uniform twins: each choosing method's arm beside the same budget spent at random (``--controls``).
+
+Every kind with a :class:`~leanbatch.arms.registry.Twin` has a *twin arm*: the twin's kind with the
+settings the two share copied from the method's arm and the twin's ``fixed`` settings on top,
+labelled ``<label>~<name>``:
+
+========================  =========================================================================
+method                    twin arm
+========================  =========================================================================
+``infobatch``             ``infobatch~random``: ``random`` (same prune_ratio, delta, ... drawn uniformly)
+``sb``, ``sb-proxy``,     ``sb~uniform``...: ``uniform``, ``SelectiveBackprop(rule="uniform")`` with
+``rho-loss``              the same keep and window, no selection pass (nor proxy, nor holdout model)
+``infobatch+sb``          ``infobatch+sb~uniform``: ``infobatch+uniform`` (its pruning, then uniform)
+``obs``, ``obs-epoch``    ``obs~uniform``...: the same kind at ``pressure=1`` (the loss-rank draw uniform)
+========================  =========================================================================
+
+An arm whose twin is already among the arms is paired with it rather than run twice; an arm that
+is its own twin (``obs[pressure=1]``) gets none. :mod:`leanbatch.engine.controls` judges the pairs.
+
+Example:
+    >>> from leanbatch.arms.methods import parse_methods
+    >>> [(a.label, a.control) for a in with_controls(parse_methods("baseline,obs[keep=0.7]"))]
+    [('baseline', None), ('obs[keep=0.7]', 'obs[keep=0.7]~uniform'), ('obs[keep=0.7]~uniform', None)]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from leanbatch.arms.methods import Arm, ArmError, make_arm
+from leanbatch.arms.registry import REGISTRY
+
+__all__ = ["twin_arm", "with_controls"]
+
+
+def twin_arm(arm: Arm) -> Arm | None:
+    """The uniform twin of ``arm``; None when its kind has none or the arm is its own twin.
+
+    Example:
+        >>> from leanbatch.arms.methods import parse_methods
+        >>> twin = twin_arm(parse_methods("sb[keep=0.7]")[0])
+        >>> twin.label, twin.kind, twin.settings["keep"], twin.probe_selector().rule
+        ('sb[keep=0.7]~uniform', 'uniform', 0.7, 'uniform')
+    """
+    spec = arm.method.twin
+    if spec is None:
+        return None
+    kind = REGISTRY[spec.kind]
+    settings = {s.name: arm.settings[s.name] for s in kind.settings if s.name in arm.settings}
+    settings.update(dict(spec.fixed))
+    if spec.kind == arm.kind and settings == dict(arm.settings):
+        return None
+    return make_arm(spec.kind, f"{arm.label}~{spec.name}", **settings)
+
+
+def with_controls(arms: Sequence[Arm]) -> list[Arm]:
+    """``arms`` with each one's uniform twin right after it (or an equal arm already there), every
+    method naming its twin's label in ``control``; :class:`ArmError` when no arm has a twin.
+
+    Example:
+        >>> from leanbatch.arms.methods import parse_methods
+        >>> [a.label for a in with_controls(parse_methods("infobatch,random,sb"))]
+        ['infobatch', 'random', 'sb', 'sb~uniform']
+    """
+    out = list(arms)
+    for arm in arms:
+        twin = twin_arm(arm)
+        if twin is None:
+            continue
+        same = next((a for a in out if a.kind == twin.kind and dict(a.settings) == dict(twin.settings)), None)
+        if same is None:
+            out.insert(out.index(arm) + 1, twin)
+        out[out.index(arm)] = dataclasses.replace(arm, control=twin.label if same is None else same.label)
+    if not any(a.control for a in out):
+        have = [k.name for k in REGISTRY.values() if k.twin is not None]
+        raise ArmError(
+            f"--controls: none of {', '.join(a.label for a in arms)} has a uniform twin to run beside it; "
+            f"the methods that have one: {', '.join(have)}"
+        )
+    return out

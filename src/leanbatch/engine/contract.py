@@ -1,0 +1,195 @@
+"""The contract's checks: a task that can be called, arms its hooks allow, and arms that trained their budget.
+
+- :func:`load_task` reads ``path/to/file.py:train`` or ``package.module:train`` and checks that the
+  name is a function of one argument, the run.
+- :func:`uses_hook` tells, before anything trains, whether a task's code ever calls a hook
+  (``run.select`` for batch-level arms): the names its functions use, and those of every function
+  of its module and the functions it imports.
+- :func:`check_trained` holds a finished arm to what the arm's data counted: a budget arm trained
+  its steps on its batches, every arm trained what its data served.
+
+Each refusal is a :class:`~leanbatch.engine.data.ContractError` (or :class:`TaskError`) of one line.
+
+Example:
+    >>> try:
+    ...     load_task("no/such/file.py:train")
+    ... except TaskError as e:
+    ...     print(e)
+    --task no/such/file.py: no such file
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import sys
+import types
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from leanbatch import InfoBatch
+from leanbatch.engine.data import ContractError, KeepAll
+
+if TYPE_CHECKING:
+    from leanbatch.engine.run import Run
+
+__all__ = ["TaskError", "calls_selection", "check_trained", "load_task", "uses_hook"]
+
+
+class TaskError(ValueError):
+    """A ``--task`` that cannot be loaded or called: one line naming it and the fix."""
+
+
+def load_task(spec: str) -> Callable[[Any], Any]:
+    """The task function ``spec`` names: ``FILE.py:NAME`` or ``MODULE:NAME`` (``NAME`` defaults to ``train``)."""
+    where, _, name = spec.rpartition(":") if ":" in spec else (spec, "", "train")
+    name = name or "train"
+    try:
+        if where.endswith(".py") or "/" in where:
+            path = Path(where)
+            if not path.is_file():
+                raise TaskError(f"--task {where}: no such file")
+            mod_name = f"leanbatch_task_{abs(hash(str(path.resolve())))}"
+            loader_spec = importlib.util.spec_from_file_location(mod_name, path)
+            assert loader_spec is not None and loader_spec.loader is not None
+            module = importlib.util.module_from_spec(loader_spec)
+            sys.modules[mod_name] = module
+            sys.path.insert(0, str(path.resolve().parent))  # the task's own helpers beside it
+            loader_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(where)
+    except TaskError:
+        raise
+    except ModuleNotFoundError as e:
+        raise TaskError(f"--task {spec}: cannot import {e.name!r} ({e})") from None
+    except Exception as e:  # the task's module failed while it loaded
+        raise TaskError(f"--task {spec}: loading it raised {type(e).__name__}: {e}") from None
+    task = getattr(module, name, None)
+    if task is None:
+        raise TaskError(f"--task {spec}: {where} has no {name!r} (write FILE.py:FUNCTION or MODULE:FUNCTION)")
+    check_callable(task, f"--task {spec}")
+    return task
+
+
+def check_callable(task: Any, what: str) -> None:
+    """Refuse what cannot be called as ``task(run)``."""
+    if not callable(task):
+        raise TaskError(
+            f"{what} is a {type(task).__name__}, not a function: the task is train(run) -> metric"
+        )
+    try:
+        inspect.signature(task).bind(object())
+    except TypeError:
+        raise TaskError(
+            f"{what} takes {inspect.signature(task)}: a task takes one argument, the run (def train(run): ...)"
+        ) from None
+    except ValueError:  # a builtin without a signature: accept
+        pass
+
+
+def _codes(code: types.CodeType) -> Iterator[types.CodeType]:
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _codes(const)
+
+
+def _functions(obj: Any) -> Iterator[types.CodeType]:
+    """The code of a function or method, or of every method of a class."""
+    obj = getattr(obj, "__func__", obj)
+    if inspect.isfunction(obj):
+        yield obj.__code__
+    elif inspect.isclass(obj):
+        for member in vars(obj).values():
+            if not inspect.isclass(member):
+                yield from _functions(member)
+
+
+def uses_hook(task: Any, hook: str) -> bool:
+    """Whether the code of ``task`` (a function, or an object whose class has ``__call__``) or of any
+    function or class defined in its module (nested functions and methods included) names ``hook``.
+
+    Example:
+        >>> def train(run):
+        ...     return run.select((1,)).batch
+        >>> uses_hook(train, "select"), uses_hook(train, "callback")
+        (True, False)
+    """
+    module = sys.modules.get(getattr(task, "__module__", None) or "")
+    roots: list[Any] = [task, type(task)]
+    if module is not None:
+        roots += [v for v in vars(module).values() if getattr(v, "__module__", None) == module.__name__]
+    return any(hook in c.co_names for root in roots for code in _functions(root) for c in _codes(code))
+
+
+def calls_selection(task: Any) -> bool:
+    """Whether ``task`` selects rows of its batches: its code calls ``run.select`` (a Lightning task's
+    ``lb.select`` too), or builds its trainer with ``run.trainer`` (the Hugging Face adapter selects itself).
+
+    Example:
+        >>> calls_selection(lambda run: run.wrap([1], 1))
+        False
+    """
+    return uses_hook(task, "select") or uses_hook(task, "trainer")
+
+
+def check_trained(run: Run) -> None:
+    """Raise :class:`ContractError` unless the arm trained what its data and budget say (the engine
+    names the arm and the seed before the message)."""
+    arm, data = run.arm, run.data
+    if data is None:
+        if arm.prunes or arm.budget != 1.0 or arm.batch != 1.0:
+            raise ContractError(
+                "the task never called run.wrap(dataset, num_epochs) (or run.callback / run.trainer), so the "
+                "arm's method and budget were never applied"
+            )
+        return
+    if arm.selects and (run._selector is None or run._selector.stats.batches == 0):
+        raise ContractError("the task never called run.select(...), the batch-level selection hook")
+    counts = data.counts
+    served = None
+    if isinstance(data, (InfoBatch, KeepAll)):
+        served = run._served()
+    if served is not None and counts.rows > served:
+        raise ContractError(
+            f"trained {counts.rows} samples but its data served {served}: pass sampler=ds.sampler to the "
+            "DataLoader (not shuffle=True)"
+        )
+    if isinstance(data, KeepAll):
+        _check_budget(run, data)
+    elif (
+        isinstance(data, InfoBatch)
+        and not (arm.budget != 1.0 or arm.batch != 1.0)
+        and len(data.epoch_stats) < data.num_epochs
+    ):
+        raise ContractError(
+            f"planned {len(data.epoch_stats)} of its {data.num_epochs} epochs: iterate ds.sampler "
+            "(DataLoader(ds, sampler=ds.sampler)) in every epoch"
+        )
+    total = run.total_steps if arm.budget != 1.0 or arm.batch != 1.0 else None
+    if total is not None and counts.steps != total:
+        raise ContractError(
+            f"trained {counts.steps} steps, not the {total} its budget says: train on DataLoader(ds, "
+            "batch_size=run.batch_size(B), sampler=ds.sampler) for range(ds.epoch, ds.num_epochs)"
+        )
+
+
+def _check_budget(run: Run, data: KeepAll) -> None:
+    """A keep-all arm: its batches of ``run.batch_size``, every epoch's samples served."""
+    counts, batch = data.counts, run._batch
+    if batch is not None and data.budget.batch != 1.0 and counts.largest > data.budget.rows(batch):
+        raise ContractError(
+            f"trained batches of {counts.largest} rows where run.batch_size({batch}) is "
+            f"{data.budget.rows(batch)}: build the DataLoader with batch_size=run.batch_size(...)"
+        )
+    if data.budget.limited and batch is None:
+        return  # the sampler said so already, when it was iterated
+    planned = sum(data._served(e) for e in range(data.num_epochs))
+    served = sum(data.served.values())
+    if served < planned:
+        raise ContractError(
+            f"its data served {served} of the {planned} samples of its {data.num_epochs} epochs: iterate "
+            "ds.sampler in every epoch, for range(ds.epoch, ds.num_epochs)"
+        )

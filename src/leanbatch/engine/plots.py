@@ -1,0 +1,203 @@
+"""PNG plots of a study, drawn from the results.json payload (matplotlib, no display needed).
+
+- ``metric_vs_time.png``: the metric of every ``run.log`` against training time, one line per arm
+  (mean over seeds at each epoch; the baseline's budgets thin and dashed), with the baseline's
+  final value and the tolerance band;
+- ``kept_per_epoch.png``: the share of the training set loaded and backpropagated per epoch
+  (arms with a wrapper; the budgets, which keep everything, left out);
+- ``loss_histograms.png``: the per-sample scores a pruning arm planned a few epochs from, with
+  the threshold;
+- ``equal_time.png``: final metric against training time: the baseline's two families (fewer
+  steps, smaller batches), their envelope, every other arm as a point with error bars over seeds,
+  labelled with its paired difference to the envelope and its verdict.
+
+Axes name the metric and its goal.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from leanbatch.engine.envelope import envelope_at
+from leanbatch.engine.files import atomic_open
+from leanbatch.engine.verdicts import std_of
+
+__all__ = ["PLOT_NAMES", "write_plots"]
+
+PLOT_NAMES = ("metric_vs_time.png", "kept_per_epoch.png", "loss_histograms.png", "equal_time.png")
+
+
+def _mean_curve(runs: list[dict[str, Any]], key: str) -> list[float]:
+    """The mean over seeds of an epoch key, epoch by epoch (a missing value: NaN, a gap in the line)."""
+    n = min(len(r["epochs"]) for r in runs)
+    values = [
+        [float("nan") if r["epochs"][i][key] is None else r["epochs"][i][key] for r in runs] for i in range(n)
+    ]
+    return [sum(v) / len(v) for v in values]
+
+
+def _groups(payload: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in payload["runs"]:
+        groups.setdefault(r["method"], []).append(r)
+    return groups
+
+
+def _is_budget(runs: list[dict[str, Any]]) -> bool:
+    first = runs[0]
+    return first["kind"] == "baseline" and (first["budget"] != 1.0 or first["batch"] != 1.0)
+
+
+def write_plots(payload: dict[str, Any], out_dir: Path) -> list[Path]:
+    """Draw the plots of ``payload`` into ``out_dir``; the files written."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = {k: v for k, v in _groups(payload).items() if all(r["epochs"] for r in v)}
+    cfg = payload["config"]
+    label = f"{cfg.get('metric', 'metric')} ({'higher' if cfg.get('goal', 'max') == 'max' else 'lower'} is better)"
+    title = str(payload["data"].get("name", cfg.get("task", "")))
+    written = []
+    if groups:
+        written.append(_metric_plot(plt, payload, groups, label, title, out_dir / "metric_vs_time.png"))
+        if any(r["num_samples"] for runs in groups.values() for r in runs):
+            written.append(_kept_plot(plt, groups, title, out_dir / "kept_per_epoch.png"))
+    hist_run = next((r for r in payload["runs"] if r["histograms"]), None)
+    if hist_run is not None:
+        written.append(_histogram_plot(plt, hist_run, out_dir / "loss_histograms.png"))
+    section = payload["envelope_cpu" if cfg.get("clock") == "cpu" else "envelope"]
+    if sum(len(points) for points in section["families"].values()) >= 2:
+        written.append(_equal_time_plot(plt, section, label, title, out_dir / "equal_time.png"))
+    return written
+
+
+def _metric_plot(
+    plt: Any, payload: dict[str, Any], groups: dict[str, Any], label: str, title: str, path: Path
+) -> Path:
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, runs in groups.items():
+        style = {"ls": "--", "lw": 0.9, "ms": 2} if _is_budget(runs) else {"ms": 3}
+        ax.plot(
+            _mean_curve(runs, "train_time_s"), _mean_curve(runs, "metric"), marker="o", label=name, **style
+        )
+    base = next((row for row in payload["summary"] if row["method"] == "baseline"), None)
+    if base is not None and base["target"] is not None:
+        ax.axhline(base["metric_mean"], color="grey", lw=0.8, ls="--")
+        ax.axhspan(base["target"], base["metric_mean"], color="grey", alpha=0.12, lw=0)
+    _label(ax, "training time (s, evaluation excluded)", label, f"{label} vs time: {title}")
+    return _save(fig, path)
+
+
+def _kept_plot(plt: Any, groups: dict[str, Any], title: str, path: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, runs in groups.items():
+        if _is_budget(runs) or not runs[0]["num_samples"]:
+            continue
+        num = runs[0]["num_samples"]
+        fwd = [x / num for x in _mean_curve(runs, "loaded")]
+        bwd = [x / num for x in _mean_curve(runs, "backpropagated")]
+        (line,) = ax.plot(range(len(fwd)), fwd, marker="o", ms=3, label=f"{name}: loaded")
+        if any(abs(a - b) > 1e-9 for a, b in zip(fwd, bwd, strict=True)):
+            ax.plot(
+                range(len(bwd)),
+                bwd,
+                ls="--",
+                marker="x",
+                ms=3,
+                color=line.get_color(),
+                label=f"{name}: backprop",
+            )
+    ax.set_ylim(0, 1.05)
+    _label(ax, "epoch", "share of the training set", f"Data kept per epoch: {title}")
+    return _save(fig, path)
+
+
+def _histogram_plot(plt: Any, run: dict[str, Any], path: Path) -> Path:
+    hists = run["histograms"]
+    fig, axes = plt.subplots(1, len(hists), figsize=(4 * len(hists), 3.6), squeeze=False)
+    for ax, h in zip(axes[0], hists, strict=True):
+        ax.stairs(h["counts"], h["edges"], fill=True, alpha=0.6)
+        ax.set_xscale("log")
+        if h["threshold"] is not None:
+            ax.axvline(h["threshold"], color="red", lw=1.2, label=f"threshold {h['threshold']:.3g}")
+            ax.set_title(
+                f"epoch {h['epoch']}: {h['below_threshold'] / max(h['num_scored'], 1):.0%} below", fontsize=10
+            )
+            ax.legend(fontsize=8)
+        else:
+            ax.set_title(f"epoch {h['epoch']}", fontsize=10)
+        ax.set_xlabel("per-sample loss (score)")
+    axes[0][0].set_ylabel("samples")
+    fig.suptitle(f"{run['method']} (seed {run['seed']}): scores the epoch was planned from")
+    return _save(fig, path)
+
+
+_STYLE = {
+    "steps": {"color": "black", "marker": "s", "label": "baseline trained for fewer steps"},
+    "batch": {
+        "color": "dimgray",
+        "marker": "^",
+        "ls": "--",
+        "label": "baseline on smaller batches, all steps",
+    },
+}
+
+
+def _equal_time_plot(plt: Any, section: dict[str, Any], label: str, title: str, path: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    curves = {}
+    for family, pts in section["families"].items():
+        pts = sorted(pts, key=lambda p: p["time_s_mean"])
+        curves[family] = [(p["time_s_mean"], p["metric_mean"]) for p in pts]
+        ax.errorbar(
+            [p["time_s_mean"] for p in pts], [p["metric_mean"] for p in pts], xerr=[p["time_s_std"] for p in pts],
+            yerr=[p["metric_std"] for p in pts], ms=4, capsize=3, lw=1.4, **_STYLE[family],
+        )  # fmt: skip
+    times = sorted({t for pts in curves.values() for t, _ in pts})
+    if len(times) >= 2:
+        grid = sorted({*times, *(times[0] + (times[-1] - times[0]) * k / 100 for k in range(101))})
+        env = [
+            (t, v) for t in grid if (v := envelope_at(curves, t, section.get("goal", "max"))[0]) is not None
+        ]
+        ax.plot(
+            [t for t, _ in env],
+            [v for _, v in env],
+            color="gold",
+            lw=7,
+            alpha=0.35,
+            label="envelope (best of both)",
+        )
+    for row in section["rows"]:
+        ts, ms = [s["time_s"] for s in row["per_seed"]], [s["metric"] for s in row["per_seed"]]
+        diff = "" if row["diff_mean"] is None else f"{row['diff_mean']:+.3g}, "
+        ax.errorbar(
+            [sum(ts) / len(ts)], [sum(ms) / len(ms)], xerr=[std_of(ts)], yerr=[std_of(ms)], marker="o", ms=6,
+            capsize=3, ls="none", label=f"{row['method']}: {diff}{row['verdict']}",
+        )  # fmt: skip
+    clock = "training CPU time" if section.get("clock") == "cpu" else "training wall-clock"
+    _label(ax, f"{clock} (s, evaluation excluded)", f"final {label}", f"At equal time: {title}")
+    return _save(fig, path)
+
+
+def _label(ax: Any, xlabel: str, ylabel: str, title: str) -> None:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+
+
+def _save(fig: Any, path: Path) -> Path:
+    """Lay out, write (atomically) and close ``fig``."""
+    import matplotlib.pyplot as plt
+
+    try:
+        fig.tight_layout()
+        with atomic_open(path) as fh:
+            fig.savefig(fh, format="png", dpi=110)
+    finally:
+        plt.close(fig)
+    return path

@@ -1,0 +1,263 @@
+"""The printed answer of a study: one line per method first, then the full tables.
+
+- :func:`format_answer`: per method, the time saved, the metric against the full baseline, against
+  the envelope and against its uniform twin, and what that means (:func:`overall`);
+- :func:`format_summary`: every arm's time, work and metric (``fwd`` / ``bwd``: samples forwarded,
+  selection passes included / backpropagated, as a share of the full run's; ``ideal x``: 1 / the
+  FLOP-weighted work; ``actual x``: baseline time / arm time; ``achieved``: actual / ideal;
+  ``cpu x``: the same in CPU time; ``t->target``: training time until the metric first reached the
+  baseline's final mean less the tolerance, in the goal's direction);
+- :func:`format_envelope`: the envelope's points, then every arm against it, paired by seed;
+- :func:`format_controls`: each method against its uniform twin.
+
+Every table names the metric and its goal (``higher is better`` / ``lower is better``).
+
+Example:
+    >>> print(format_controls({"rows": []}, "accuracy"))
+    controls: none (add --controls)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Collection, Sequence
+from typing import Any
+
+from leanbatch.engine.verdicts import std_of
+
+__all__ = [
+    "format_answer",
+    "format_controls",
+    "format_envelope",
+    "format_results",
+    "format_summary",
+    "overall",
+]
+
+
+def _fmt(x: Any, spec: str, suffix: str = "") -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    return format(x, spec) + suffix
+
+
+def _markdown(lines: list[list[str]], left: Collection[int] = (0,)) -> list[str]:
+    """Rows of cells as an aligned Markdown table: the ``left`` columns flush left, the others right."""
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
+    out = []
+    for n, line in enumerate(lines):
+        cells = [
+            c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths, strict=True))
+        ]
+        out.append("| " + " | ".join(cells) + " |")
+        if n == 0:
+            out.append(
+                "|"
+                + "|".join("-" * (w + 2) if i in left else "-" * (w + 1) + ":" for i, w in enumerate(widths))
+                + "|"
+            )
+    return out
+
+
+def _goal(goal: str) -> str:
+    return "higher is better" if goal == "max" else "lower is better"
+
+
+def _spread(row: dict[str, Any]) -> str:
+    """``+0.12 ± 0.3``: a comparison's mean difference and its spread (``-`` without one)."""
+    mean = row["diff_mean"]
+    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
+        return "-"
+    return f"{mean:+.3g}" + ("" if row["diff_std"] is None else f" ± {row['diff_std']:.2g}")
+
+
+def _diff(row: dict[str, Any] | None) -> str:
+    """``+0.12 ± 0.3 on``: a comparison's mean difference, its spread and its verdict."""
+    if row is None:
+        return "(no twin)"
+    spread = _spread(row)
+    return _verdict(row) if spread == "-" else f"{spread} {row['verdict']}"
+
+
+def _ci(row: dict[str, Any]) -> str:
+    return "-" if row["ci_low"] is None else f"[{row['ci_low']:+.3g}, {row['ci_high']:+.3g}]"
+
+
+def _value(mean: float, std: float) -> str:
+    return f"{mean:.4g} ± {std:.2g}"
+
+
+def _verdict(row: dict[str, Any]) -> str:
+    v, n = str(row["verdict"]), len(row["seeds"])
+    if v == "out of range":
+        parts = [f"faster than every baseline run in {row['faster']}/{n} seeds"] if row.get("faster") else []
+        parts += [f"slower than every baseline run in {row['slower']}/{n} seeds"] if row.get("slower") else []
+        return f"out of range ({', '.join(parts) or 'between the families, where neither is defined'})"
+    return {"on": "on (within noise)", "undecided": "undecided (1 seed: no spread)"}.get(v, v)
+
+
+def overall(envelope_verdict: str | None, twin_verdict: str | None) -> str:
+    """What an arm's two verdicts mean together, in a few words.
+
+    Example:
+        >>> overall("better", "better"), overall("better", "on"), overall("on", None), overall("worse", "better")
+        ('pays: better than the plain alternatives and its twin', 'better than the plain alternatives; its twin does as well', 'a tie with training the baseline less', 'worse than training the baseline less')
+    """
+    if envelope_verdict == "better":
+        if twin_verdict in (None, "better"):
+            return "pays: better than the plain alternatives" + (" and its twin" if twin_verdict else "")
+        return "better than the plain alternatives; its twin does as well"
+    if envelope_verdict == "on":
+        return "a tie with training the baseline less"
+    if envelope_verdict == "worse":
+        return "worse than training the baseline less"
+    return f"not decided ({envelope_verdict or 'no envelope'})"
+
+
+def format_answer(payload: dict[str, Any]) -> str:
+    """One line per method that is not a baseline: the answer, ahead of the tables."""
+    cfg = payload["config"]
+    metric, goal = cfg.get("metric", "metric"), cfg.get("goal", "max")
+    clock = "_cpu" if cfg.get("clock") == "cpu" else ""
+    env = {r["method"]: r for r in payload[f"envelope{clock}"]["rows"]}
+    twins = {r["method"]: r for r in payload["controls"]["rows"]}
+    head = ["method", "time saved", f"{metric} vs baseline", "vs envelope", "vs its twin", "verdict"]
+    lines = [head]
+    for row in payload["summary"]:
+        if row["kind"] == "baseline" or "~" in row["method"]:  # the baselines and the added twins: yardsticks
+            continue
+        e, t = env.get(row["method"]), twins.get(row["method"])
+        ratio = row["time_ratio_vs_baseline"]
+        lines.append([
+            row["method"], _fmt(None if ratio is None else (1 - ratio) * 100, ".1f", "%"),
+            _fmt(row["metric_delta_vs_baseline"], "+.3g"), "-" if e is None else _diff(e),
+            _diff(t) if row.get("control") else "(no twin)",
+            overall(None if e is None else e["verdict"], None if t is None else t["verdict"]),
+        ])  # fmt: skip
+    seeds = cfg.get("seeds", [])
+    title = (
+        f"the answer: {metric} ({_goal(goal)}), {len(seeds)} seed(s), {cfg.get('clock', 'wall')} clock; each method "
+        "against the full baseline, the envelope (the baseline trained for fewer steps or on smaller batches, at the "
+        "method's own time) and its uniform twin (--controls); diffs are mean ± std over seeds"
+    )
+    if len(lines) == 1:
+        return f"{title}\n(no method but the baseline)"
+    return "\n".join([title, "", *_markdown(lines, left=(0, 3, 4, 5))])
+
+
+def format_summary(rows: Sequence[dict[str, Any]], metric: str, goal: str, tolerance: float) -> str:
+    """Every arm's metric, time and work (columns: the module docstring)."""
+    head = [
+        "method", f"{metric} ({goal})", "time s", "vs base", "fwd", "bwd", "ideal x", "actual x", "achieved", "cpu x", "t->target s",
+    ]  # fmt: skip
+    lines = [head]
+    for r in rows:
+        ratio, reach = r["time_ratio_vs_baseline"], r["time_to_target_s"]
+        reach_s = (
+            f"- ({r['reached_target']}/{len(r['seeds'])})"
+            if reach is None and r["reached_target"] is not None
+            else _fmt(reach, ".1f")
+        )
+        lines.append([
+            r["method"], _value(r["metric_mean"], r["metric_std"]),
+            _fmt(r["time_s_mean"], ".1f"), "-" if ratio is None else f"{(ratio - 1) * 100:+.1f}%",
+            _fmt(r["forward_fraction"], ".2f"), _fmt(r["backward_fraction"], ".2f"), _fmt(r["ideal_speedup"], ".2f"),
+            _fmt(r["actual_speedup"], ".2f"), _fmt(r["achieved_of_ideal"], ".2f"), _fmt(r["cpu_speedup"], ".2f"), reach_s,
+        ])  # fmt: skip
+    seeds = rows[0]["seeds"] if rows else []
+    way = "-" if goal == "max" else "+"
+    note = f"\nmean ± std over seeds {seeds}; t->target: training time to reach the baseline's {metric} {way} {tolerance:g}"
+    return "\n".join([*_markdown(lines), note])
+
+
+def format_envelope(section: dict[str, Any], metric: str) -> str:
+    """The envelope's points, then every arm against the envelope (paired by seed, at its own time).
+
+    Example:
+        >>> format_envelope({"families": {}, "rows": []}, "accuracy")
+        'envelope: no baseline budget runs, no envelope (add --budgets or --batch-budgets)'
+    """
+    families = section["families"]
+    if sum(len(points) for points in families.values()) < 2:
+        return "envelope: no baseline budget runs, no envelope (add --budgets or --batch-budgets)"
+    time_head = "time s" if section.get("clock", "wall") == "wall" else "cpu s"
+    head = [
+        "method",
+        "family / reached by",
+        metric,
+        time_head,
+        "envelope",
+        "vs envelope",
+        "95% CI",
+        "verdict",
+    ]
+    lines = [head]
+    for family, points in families.items():
+        for p in points:
+            lines.append([
+                p["method"], f"{family} {p['share']:g}", _value(p["metric_mean"], p["metric_std"]),
+                _fmt(p["time_s_mean"], ".1f"), "", "", "", "envelope",
+            ])  # fmt: skip
+    for r in section["rows"]:
+        metrics = [s["metric"] for s in r["per_seed"]]
+        by = [s.get("family") for s in r["per_seed"] if s.get("family")]
+        reached = ", ".join(f"{f} {by.count(f)}/{len(metrics)}" for f in dict.fromkeys(by))
+        lines.append([
+            r["method"], reached, _value(r["metric_mean"], std_of(metrics)), _fmt(r["time_s_mean"], ".1f"),
+            _fmt(r["reference_mean"], ".4g"), _spread(r), _ci(r), _verdict(r),
+        ])  # fmt: skip
+    note = (
+        f"\nenvelope ({section.get('clock', 'wall')} clock; {metric}, {_goal(section.get('goal', 'max'))}): each arm "
+        "against the best plain use of its time, per seed the best of the baseline trained for fewer steps (steps) "
+        "and on smaller batches for all its steps (batch), never extrapolated; vs envelope = mean ± std of the "
+        "per-seed differences; better/worse only when the 95% CI of the gain excludes 0 and |mean| > std"
+    )
+    return "\n".join([*_markdown(lines, left=(0, 1, len(head) - 1)), note])
+
+
+def format_controls(section: dict[str, Any], metric: str) -> str:
+    """Each method against its uniform twin, paired by seed."""
+    if not section["rows"]:
+        return "controls: none (add --controls)"
+    head = [
+        "method",
+        "twin",
+        metric,
+        f"twin {metric}",
+        "time s",
+        "twin time s",
+        "vs twin",
+        "95% CI",
+        "verdict",
+    ]
+    lines = [head]
+    for r in section["rows"]:
+        lines.append([
+            r["method"], r["control"], _fmt(r["metric_mean"], ".4g"), _fmt(r["control_metric_mean"], ".4g"),
+            _fmt(r["time_s_mean"], ".1f"), _fmt(r["control_time_s_mean"], ".1f"), _spread(r), _ci(r), _verdict(r),
+        ])  # fmt: skip
+    note = (
+        f"\ncontrols ({metric}, {_goal(section.get('goal', 'max'))}): each method against its uniform twin (the same "
+        "budget chosen at random), paired by seed, each at its own time; vs twin = mean ± std of the per-seed "
+        "differences; better/worse only when the 95% CI of the gain excludes 0 and |mean| > std"
+    )
+    return "\n".join([*_markdown(lines, left=(0, 1, len(head) - 1)), note])
+
+
+def format_results(payload: dict[str, Any]) -> str:
+    """The whole terminal report: the answer, the summary, the envelope (on ``config.clock``), the controls."""
+    cfg = payload["config"]
+    metric, goal = cfg.get("metric", "metric"), cfg.get("goal", "max")
+    section = payload["envelope_cpu" if cfg.get("clock") == "cpu" else "envelope"]
+    parts = [
+        format_answer(payload),
+        format_summary(payload["summary"], metric, goal, payload["tolerance"]),
+        format_envelope(section, metric),
+    ]
+    if payload["controls"]["rows"]:
+        parts.append(format_controls(payload["controls"], metric))
+    if payload.get("failed"):
+        parts.append(
+            "failed: " + "; ".join(f"{f['method']} seed {f['seed']}: {f['error']}" for f in payload["failed"])
+        )
+    return "\n\n".join(parts)
