@@ -121,6 +121,21 @@ def test_the_sdist_ships_the_tests_whole(built):
     assert sorted(set(tracked) - shipped) == []
 
 
+def test_the_command_starts_and_answers_version_without_the_bench_extra(built):
+    for args in (("leanbatch", "--help"), ("python", "-m", "leanbatch", "--help")):
+        r = _bare(built, *args)
+        assert r.returncode == 0, r.stderr
+        assert "bench" in r.stdout and "Traceback" not in r.stderr
+    r = _bare(built, "leanbatch", "--version")
+    assert r.returncode == 0 and r.stdout.strip() == f"leanbatch {md.version('leanbatch')}"
+
+
+def test_a_subcommand_that_needs_the_bench_extra_names_it(built):
+    r = _bare(built, "leanbatch", "bench", "--quick", "--no-progress", "--out", str(built["venv"] / "out"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert 'pip install "leanbatch[bench]"' in r.stderr
+
+
 @pytest.mark.parametrize(
     ("module", "framework_name", "plain", "extra"),
     [
