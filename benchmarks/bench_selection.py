@@ -46,7 +46,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from leanbatch.selection import SelectiveBackprop, select_using_loss, training_progress
+from leanbatch import SelectiveBackprop, select_using_loss, training_progress
 
 
 def small_cnn(c_in: int = 1, n_cls: int = 10) -> nn.Module:

@@ -40,7 +40,7 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 import torch.nn.functional as F
 
-from leanbatch.selection import SelectiveBackprop
+from leanbatch import SelectiveBackprop
 
 WORLD, SEED, KEEP = 2, 0, 0.5
 SCOPES = ("local", "global")

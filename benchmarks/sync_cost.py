@@ -10,9 +10,9 @@ rank. Four arms, each a forward and backward through a DDP model (its all-reduce
 as its slowest rank's:
 
 - ``ddp``: DDP's own all-reduce, no rows;
-- ``gather``: the same, and the rows by :func:`leanbatch.rng.gather_step` (started before the
+- ``gather``: the same, and the rows by :func:`leanbatch.distributed.collectives.gather_step` (started before the
   step, awaited after it): what ``update()`` does without a carrier;
-- ``hook``: a model with :class:`leanbatch.carrier.ScoreCarrier` registered, no rows (the hook's
+- ``hook``: a model with :class:`leanbatch.distributed.ScoreCarrier` registered, no rows (the hook's
   own cost);
 - ``carried``: the same, and the rows posted before the step and read after it.
 
@@ -35,8 +35,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from leanbatch.carrier import ScoreCarrier
-from leanbatch.rng import gather_step
+from leanbatch.distributed import ScoreCarrier
+from leanbatch.distributed.collectives import gather_step
 from leanbatch.tasks.images.models import SmallCNN
 
 

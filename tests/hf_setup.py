@@ -122,7 +122,7 @@ class Recorder(LeanBatchTrainer):
     def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> torch.Tensor:
         rows = inputs[INDEX_KEY]
         kept = rows.indices if rows.positions is None else rows.indices[rows.positions.cpu()]
-        plan = self.infobatch.record.plan()
+        plan = self.infobatch.sampler.plan()
         w = torch.ones(len(kept)) if plan.weights is None else plan.weights[kept]
         self.plans[plan.epoch] = (
             None if plan.kept is None else plan.kept.tolist(),

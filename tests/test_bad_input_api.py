@@ -46,7 +46,7 @@ def test_two_workers_fetching_at_once_never_lose_the_larger_batch_size(monkeypat
     import leanbatch.ledger as ledger
 
     ds = InfoBatch(data(), 2, seed=0)
-    mine = ds.record.fetches
+    mine = ds.sampler._fetches  # the wrapper's ledger of fetched sizes (white box: workers simulated)
     full = short = mine  # each worker's copy shares the tracked size tensor (shared memory)
     worker = {"id": 1}
     monkeypatch.setattr(ledger.os, "getpid", lambda: -1)  # not the training process
@@ -203,16 +203,16 @@ def test_a_loaded_state_is_checked_and_names_the_wrong_key(path, value, needle):
     torch.testing.assert_close(after["scores"]["values"], before["scores"]["values"], equal_nan=True)
 
 
-def test_a_valid_state_still_resumes_and_an_old_version_1_state_loads():
+def test_a_valid_state_still_resumes_and_a_state_of_another_version_is_refused():
     state = trained_state()
     ds = InfoBatch(data(), 4, prune_ratio=0.5, delta=1.0, seed=0)
     ds.load_state_dict(state)
     assert ds.position.epoch == 1 and ds.position.trained == 12
-    v1 = corrupt(state, ("sampler", "version"), KeyError)  # the release before: no version, per-rank count
-    v1 = corrupt(v1, ("version",), 1)
-    again = InfoBatch(data(), 4, prune_ratio=0.5, delta=1.0, seed=0)
-    again.load_state_dict(v1)
-    assert again.position == ds.position
+    for path, value in ((("version",), 1), (("sampler", "version"), KeyError), (("sampler", "version"), 3)):
+        again = InfoBatch(data(), 4, prune_ratio=0.5, delta=1.0, seed=0)
+        with pytest.raises(ValueError, match="version"):  # one release: no older format to convert
+            again.load_state_dict(corrupt(state, path, value))
+        assert again.position == (0, 0, 0)
 
 
 def test_score_table_state_checks():

@@ -18,7 +18,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, TensorDataset
 
 from leanbatch import InfoBatch, ScoreTable
-from leanbatch.carrier import ScoreCarrier, carry_for
+from leanbatch.distributed import ScoreCarrier, ScoreExchange
 
 WORLD, N, EPOCHS = 2, 150, 4
 
@@ -139,9 +139,9 @@ def _edge_worker(rank: int, out_dir: str) -> None:
 
     # a table that blends (EMA) flushes a step's rows at the next store or read, after the backward
     table = ScoreTable(4, ema=0.5)
-    table.send_with(carrier)
+    exchange = ScoreExchange(table, carrier=carrier)
     for loss in (2.0, 4.0):
-        table.store(torch.tensor([rank]), torch.tensor([loss + rank]), across=True)
+        exchange.send(torch.tensor([rank]), torch.tensor([loss + rank]))
         model(x).sum().backward()
     out["ema"] = table.values.clone()
 
@@ -158,15 +158,15 @@ def _edge_worker(rank: int, out_dir: str) -> None:
     other = dist.new_group([0, 1])
     fresh = DDP(copy.deepcopy(net))
     try:
-        carry_for(ScoreTable(4), fresh, other)
+        ScoreExchange(ScoreTable(4), other).carry(fresh)
     except ValueError as e:
         out["group"] = str(e)
     out["fresh_carries"] = ScoreCarrier(fresh) is not None  # the refusal registered nothing
 
     # once per model: asked again for the model it carries with (a second fit), the same carrier
-    again = ScoreTable(4)
+    again = ScoreExchange(ScoreTable(4))
     twice = DDP(copy.deepcopy(net))
-    out["same_carrier"] = carry_for(again, twice) is carry_for(again, twice) is again.carrier
+    out["same_carrier"] = again.carry(twice) is again.carry(twice) is again.carrier
 
     # wrong use: not a DDP model; a model that already has a comm hook
     for bad, err in ((net, TypeError), (model, RuntimeError)):

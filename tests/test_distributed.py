@@ -13,7 +13,8 @@ from ranks import CountedGathers, in_process_group, spawn_ranks
 from torch.utils.data import DataLoader, TensorDataset
 
 from leanbatch import InfoBatch, ScoreTable
-from leanbatch.rng import gather_step
+from leanbatch.distributed import ScoreExchange, merge_scores
+from leanbatch.distributed.collectives import gather_step
 
 N, WORLD, EPOCHS = 203, 2, 3
 
@@ -49,7 +50,7 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
                 mine.extend(i.tolist())
                 ds.update((x / N + rank).requires_grad_())  # ranks see different losses on purpose
             served.append(mine)
-        ds.scores.sync()
+        merge_scores(ds.scores)
         torch.save(
             {"served": served, "scores": ds.scores.values, "stats": ds.epoch_stats},
             os.path.join(out_dir, f"rank{rank}.pt"),
@@ -92,8 +93,8 @@ def _global_plan_worker(rank: int, init_file: str, out_dir: str) -> None:
             orders.append(order)
             mine = torch.tensor(order[rank::WORLD])  # this rank trains every WORLD-th sample
             ds.scores.update(mine, mine / N + rank)
-            ds.sampler.consume(len(order))  # the whole global batch is trained, across ranks
-        ds.scores.sync()  # planning merges; the last epoch's scores are merged here
+            ds.sampler.claim(len(order))  # the whole global batch is trained, across ranks
+        merge_scores(ds.scores)  # planning merges; the last epoch's scores are merged here
         errors = []
         wrong = InfoBatch(data, EPOCHS, num_replicas=1, rank=0, seed=5)  # shards for a world of 1
         wrong.scores.update(torch.arange(N), torch.rand(N))
@@ -129,7 +130,7 @@ def _mean_worker(rank: int, init_file: str, out_dir: str) -> None:
         table.update(torch.tensor([1]), torch.tensor([3e38]))  # two writers of a huge loss: no overflow
         if rank == 1:
             table.update(torch.tensor([2]), torch.tensor([7.0]))  # one writer
-        table.sync()
+        merge_scores(table)
         torch.save((table.values, table.variances), os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
@@ -151,12 +152,12 @@ def _resume_worker(rank: int, init_file: str, out_dir: str) -> None:
     try:
         table = ScoreTable(4)
         table.update(torch.tensor([rank]), torch.tensor([10.0 + rank]))  # each rank scores its own sample
-        table.sync()
+        merge_scores(table)
         resumed = ScoreTable(4)
         resumed.load_state_dict(table.state_dict())  # a checkpoint: every rank loads the same table
         if rank == 1:
             resumed.update(torch.tensor([0]), torch.tensor([5.0]))  # sample 0 trained on rank 1 only
-        resumed.sync()
+        merge_scores(resumed)
         torch.save(resumed.values, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
@@ -215,7 +216,7 @@ def _short_last_batch_worker(rank: int, init_file: str, out_dir: str) -> None:
                 ds.update(idx[pos].float().requires_grad_(), idx, positions=pos)  # loss = the index
                 sizes.append(idx.numel())
                 kept.extend(idx[pos].tolist())
-        ds.scores.sync()
+        merge_scores(ds.scores)
         torch.save(
             {"sizes": sizes, "kept": kept, "scores": ds.scores.values, "stats": ds.epoch_stats},
             os.path.join(out_dir, f"rank{rank}.pt"),
@@ -273,7 +274,7 @@ def _gather_worker(rank: int, out_dir: str) -> None:
     with CountedGathers() as counted:
         table = ScoreTable(8)
         idx = torch.tensor([2 * rank, 2 * rank + 1])
-        table.store(idx, torch.tensor([[float("nan"), 3.0e38], [1e-45, 0.1]][rank]), across=True)
+        ScoreExchange(table).send(idx, torch.tensor([[float("nan"), 3.0e38], [1e-45, 0.1]][rank]))
         after_store = (counted.calls, counted.waited)
         values = table.values.clone()  # a read flushes: the gather is awaited here
         edge = gather_step(torch.tensor([2**53 - 1 - rank]), torch.tensor([-float("inf") if rank else 2.5]))()

@@ -6,6 +6,17 @@ from __future__ import annotations
 
 import pytest
 
+from leanbatch import (
+    EpsilonGreedyPolicy,
+    InfoBatchPolicy,
+    LossRankPolicy,
+    OnlineBatchSelection,
+    RandomPolicy,
+    RS2Policy,
+    SelectiveBackprop,
+    SeTaPolicy,
+    UCBPolicy,
+)
 from leanbatch.arms.methods import (
     DEFAULT_METHODS,
     ArmError,
@@ -17,16 +28,7 @@ from leanbatch.arms.methods import (
 from leanbatch.arms.registry import REGISTRY
 from leanbatch.arms.twins import twin_arm, with_controls
 from leanbatch.engine.data import Budget
-from leanbatch.policies import (
-    EpsilonGreedyPolicy,
-    InfoBatchPolicy,
-    LossRankPolicy,
-    RandomPolicy,
-    RS2Policy,
-    SeTaPolicy,
-    UCBPolicy,
-)
-from leanbatch.selection import OnlineBatchSelection, RhoLoss, SelectiveBackprop
+from leanbatch.selection import RhoLoss
 
 KINDS = (
     "baseline", "random", "infobatch", "sb", "infobatch+sb", "rs2", "epsilon-greedy", "ucb", "seta", "obs",

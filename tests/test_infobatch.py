@@ -246,12 +246,12 @@ def test_out_of_range_indices_in_a_pruning_epoch_are_rejected_before_anything_is
     ds = InfoBatch(index_data(), 4, seed=0)
     ds.scores.update(torch.arange(N), torch.rand(N, generator=torch.Generator().manual_seed(0)))
     ds.set_epoch(1)  # a pruning epoch: the weights exist, so the range check rides on their gather
-    assert ds.sampler.current_plan().pruning
-    before = ds.sampler.position()
+    assert ds.sampler.plan().pruning
+    before = ds.sampler.position
     for bad in (torch.tensor([0, N]), torch.tensor([-1, 3]), torch.tensor([5, N + 7], dtype=torch.int32)):
         with pytest.raises(IndexError, match=f"every index must be in \\[0, {N}\\)"):
             ds.update(torch.ones(2), bad)
-    assert ds.sampler.position() == before
+    assert ds.sampler.position == before
     scores_before = ds.scores.values.clone()
     ds.update(torch.full((2,), 7.0), torch.tensor([3, 4], dtype=torch.int32))
     assert ds.scores.values[[3, 4]].tolist() == [7.0, 7.0]

@@ -9,6 +9,7 @@ from test_distributed import WORLD, check_shards, run_ranks
 from torch.utils.data import DataLoader, TensorDataset
 
 from leanbatch import EpsilonGreedyPolicy, InfoBatch, InfoBatchPolicy, RS2Policy, SeTaPolicy, UCBPolicy
+from leanbatch.distributed import merge_scores
 
 N, EPOCHS = 211, 4
 
@@ -40,7 +41,7 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
                     # ranks see different losses on purpose; they vary with the epoch (a variance to merge)
                     ds.update(((x * 7919) % 97 / 97 + rank + epoch % 2).requires_grad_())
                 served.append(mine)
-            ds.scores.sync()
+            merge_scores(ds.scores)
             var = ds.scores.variances.clone() if ds.scores.tracks_variance else None
             out[name] = {
                 "served": served,

@@ -177,7 +177,7 @@ def test_the_core_trains_on_a_bare_install(built):
 
 def test_a_users_mypy_sees_leanbatch_types(built, tmp_path):
     user = tmp_path / "user.py"
-    user.write_text("import leanbatch.schedule\n\nx: str = leanbatch.schedule.cosine()\n")
+    user.write_text("from leanbatch import cosine\n\nx: str = cosine()\n")
     ini = tmp_path / "mypy.ini"
     ini.write_text("[mypy]\n[mypy-torch.*]\nfollow_imports = skip\n")
     r = subprocess.run(

@@ -7,7 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from leanbatch.policies import InfoBatchPolicy, RandomPolicy, pruning_epochs
+from leanbatch import InfoBatchPolicy, RandomPolicy
+from leanbatch.policies import pruning_epochs
 
 
 def gen(seed: int = 0) -> torch.Generator:

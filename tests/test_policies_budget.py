@@ -9,18 +9,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_policies import SCORE_KINDS, scores_of
 
-from leanbatch.policies import (
+from leanbatch import (
     EpsilonGreedyPolicy,
     InfoBatchPolicy,
     LossRankPolicy,
     RandomPolicy,
     RS2Policy,
+    ScoreTable,
     SeTaPolicy,
     UCBPolicy,
 )
 from leanbatch.policies.budget import budget_size
 from leanbatch.policies.seta import kmeans_boundaries
-from leanbatch.scores import ScoreTable
 
 
 def gen(seed: int = 0) -> torch.Generator:

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from leanbatch.policies import InfoBatchPolicy, RandomPolicy
+from leanbatch import InfoBatchPolicy, RandomPolicy
 
 
 def gen(seed: int = 0) -> torch.Generator:

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from leanbatch import InfoBatchPolicy, PrunedSampler, ScoreTable
-from leanbatch.sampler import KeyedPermutation
+from leanbatch.permutation import KeyedPermutation
 
 
 def make(n, scores=None, num_epochs=4, delta=0.75, ratio=0.5, **kw):

@@ -88,3 +88,23 @@ def test_state_round_trip_and_spare_slot_is_not_part_of_the_table():
     assert torch.equal(u.values.nan_to_num(-1), t.values.nan_to_num(-1)) and u.nonfinite_count == 1
     u.update(torch.tensor([5]), torch.tensor([3.0]))
     assert u.values[5] == 3.0
+
+
+@given(
+    slots=st.lists(st.integers(0, 9), min_size=1, max_size=50),
+)
+@settings(max_examples=100, deadline=None)
+def test_the_devices_path_keeps_the_last_write_of_each_slot_as_the_cpus_does(slots):
+    """Where a scatter applies repeated slots in any order (CUDA), the writes are first sorted and each
+    given its slot's last value: here run on the CPU, against the one-at-a-time definition."""
+    from leanbatch.scores import _last_writes
+
+    slot = torch.tensor(slots)
+    new = torch.arange(len(slots), dtype=torch.float32)  # write k carries the value k
+    ordered, values = _last_writes(slot, new)
+    expected = {}
+    for k, s in enumerate(slots):
+        expected[s] = float(k)
+    assert all(expected[int(s)] == float(v) for s, v in zip(ordered, values, strict=True))
+    out = torch.full((10,), -1.0).index_put_((ordered,), values)  # any order: repeated slots agree
+    assert out.tolist() == [expected.get(i, -1.0) for i in range(10)]

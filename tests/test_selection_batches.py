@@ -11,11 +11,8 @@ from selection_helpers import (
     cnn,
 )
 
-from leanbatch.selection import (
-    BatchAccumulator,
-    SelectiveBackprop,
-)
-from leanbatch.selection.batches import concat_batches, index_batch, slice_batch
+from leanbatch import SelectiveBackprop
+from leanbatch.selection.batches import BatchAccumulator, concat_batches, index_batch, slice_batch
 
 
 def test_tuple_batch_carries_indices_and_weights_along() -> None:

@@ -16,7 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from selection_helpers import cnn
 
-from leanbatch.selection import SelectiveBackprop, select_indices, select_using_loss, selection_losses
+from leanbatch import SelectiveBackprop, select_indices, select_using_loss, selection_losses
 
 N = 16
 

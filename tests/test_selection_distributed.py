@@ -11,8 +11,9 @@ import torch.distributed as dist
 import torch.nn as nn
 from ranks import spawn_ranks
 
+from leanbatch import SelectiveBackprop, select_using_loss
 from leanbatch.rng import DEFAULT_SEED
-from leanbatch.selection import SelectiveBackprop, seed_selection, select_using_loss
+from leanbatch.selection.rules import seed_selection
 
 WORLD, STEPS, N, SEED = 2, 50, 32, 11
 

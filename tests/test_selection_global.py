@@ -17,17 +17,10 @@ from ranks import in_process_group, spawn_ranks
 from selection_helpers import READS
 from test_selection_oracles import exact_inclusion
 
+from leanbatch import OnlineBatchSelection, SelectiveBackprop, select_by_loss_rank, select_indices
 from leanbatch.rng import Generators
-from leanbatch.selection import (
-    HistoryRule,
-    OnlineBatchSelection,
-    SelectiveBackprop,
-    select_by_loss_rank,
-    select_hardest,
-    select_indices,
-    select_uniform,
-)
-from leanbatch.selection.rules import Draw
+from leanbatch.selection import HistoryRule
+from leanbatch.selection.rules import Draw, select_hardest, select_uniform
 
 WORLD, N, SEED, STEPS, DEADLINE = 2, 8, 11, 12, 240.0
 UNIFORM_KEEP = 0.1  # of 16 rows: keeps one, so one rank is left empty at every step

@@ -9,10 +9,8 @@ import torch.nn as nn
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from leanbatch.selection import (
-    LossHistory,
-    SelectiveBackprop,
-)
+from leanbatch import SelectiveBackprop
+from leanbatch.selection import LossHistory
 
 
 def brute_percentile(history: list[float], x: float) -> float:

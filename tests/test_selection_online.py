@@ -10,8 +10,7 @@ import torch
 import torch.nn as nn
 
 import leanbatch
-from leanbatch.scores import ScoreTable
-from leanbatch.selection import OnlineBatchSelection, SelectiveBackprop
+from leanbatch import OnlineBatchSelection, ScoreTable, SelectiveBackprop
 
 N, B = 200, 16
 

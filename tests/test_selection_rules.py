@@ -10,22 +10,18 @@ from hypothesis import strategies as st
 from selection_helpers import forbid_host_reads
 from test_selection_oracles import exact_inclusion, exact_inclusion_for, loss_rank_formula_weights
 
-from leanbatch.selection import (
-    LossRankRule,
-    OnlineBatchSelection,
-    SelectiveBackprop,
-    UniformRule,
+from leanbatch import OnlineBatchSelection, SelectiveBackprop, select_by_loss_rank, select_indices
+from leanbatch.ranking import pressure_at
+from leanbatch.selection import LossRankRule, UniformRule
+from leanbatch.selection.rules import (
+    Draw,
     loss_rank_weights,
     num_selected,
-    pressure_at,
     rank_weights,
     seed_selection,
-    select_by_loss_rank,
     select_hardest,
-    select_indices,
     select_uniform,
 )
-from leanbatch.selection.rules import Draw
 
 
 @pytest.mark.parametrize("n,keep", [(8, 0.5), (7, 0.3)])

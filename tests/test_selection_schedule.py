@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from leanbatch.selection import (
-    SelectiveBackprop,
-    should_selective_backprop,
-    training_progress,
-)
+from leanbatch import SelectiveBackprop, should_selective_backprop, training_progress
 
 
 def test_interrupt_semantics_match_composer_code() -> None:

@@ -15,12 +15,7 @@ from selection_helpers import (
     snapshot,
 )
 
-from leanbatch.selection import (
-    SelectiveBackprop,
-    per_sequence_loss,
-    select_using_loss,
-    selection_losses,
-)
+from leanbatch import SelectiveBackprop, per_sequence_loss, select_using_loss, selection_losses
 
 
 @pytest.mark.parametrize("eval_mode", [False, True])

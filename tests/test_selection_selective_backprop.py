@@ -16,16 +16,15 @@ from selection_helpers import (
     saved,
 )
 
+from leanbatch import SelectiveBackprop, select_using_loss
 from leanbatch.selection import (
     ForwardScores,
     RankRule,
     ScorerScores,
-    SelectiveBackprop,
     Selector,
     StaleScores,
     UniformRule,
     Window,
-    select_using_loss,
 )
 
 

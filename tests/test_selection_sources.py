@@ -16,12 +16,8 @@ from selection_helpers import (
     snapshot_all,
 )
 
-from leanbatch.scores import ScoreTable
-from leanbatch.selection import (
-    MemoryScores,
-    ProxyScorer,
-    SelectiveBackprop,
-)
+from leanbatch import ProxyScorer, ScoreTable, SelectiveBackprop
+from leanbatch.selection import MemoryScores
 
 
 def test_stale_sb_skips_the_forward_for_fresh_scores() -> None:

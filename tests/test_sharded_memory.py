@@ -7,11 +7,12 @@ import pytest
 import torch
 from test_sharded import policy
 
+from leanbatch import ScoreTable
+from leanbatch.distributed import ShardedScores
+from leanbatch.distributed.shards import ShardedPlan
+from leanbatch.distributed.simulate import SimulatedWorld
+from leanbatch.epochs import plan_epoch
 from leanbatch.micro.sharded import _fill, _measure
-from leanbatch.planner import EpochPlanner
-from leanbatch.scores import ScoreTable
-from leanbatch.sharding import Sharding
-from leanbatch.simulate import SimulatedWorld
 
 
 def test_the_bytes_a_rank_holds_scale_as_n_over_world():
@@ -29,23 +30,25 @@ def test_the_bytes_a_rank_holds_scale_as_n_over_world():
 @pytest.mark.parametrize("name", ["infobatch", "infobatch-all", "random", "rs2", "egreedy", "ucb", "seta"])
 def test_simulated_ranks_plan_what_one_process_plans(name):
     n, world, epochs = 1031, 4, 4
-    tables = [ScoreTable(n, world=world, rank=r, **_options(name)) for r in range(world)]
+    tables = [ShardedScores(n, world, r, **_options(name)) for r in range(world)]
     whole = ScoreTable(n, **_options(name))
     sim = SimulatedWorld(world)
-    planners = [
-        EpochPlanner(t, policy(name), 3, Sharding(world, r, scores_sharded=True), sim.comm(r))
-        for r, t in enumerate(tables)
-    ]
-    reference = EpochPlanner(whole, policy(name), 3)
+    policies = [_bound(policy(name), t) for t in tables]
+    reference = _bound(policy(name), whole)
     g = torch.Generator().manual_seed(1)
     for epoch in range(epochs):
         losses = torch.round(torch.rand(n, generator=g) * 8) / 8  # ties on purpose
         _fill_with(tables + [whole], losses)
-        plans = sim.run([lambda p=p, e=epoch: p.plan(e) for p in planners])
-        ref = reference.plan(epoch)
+        plans = sim.run(
+            [
+                lambda r=r, e=epoch: plan_epoch(policies[r], tables[r], e, 3, world, r, comm=sim.comm(r))[0]
+                for r in range(world)
+            ]
+        )
+        ref = plan_epoch(reference, whole, epoch, 3, 1, 0)[0]
         kept = set() if ref.kept is not None else None
         for r, p in enumerate(plans):
-            assert p.shard is not None and p.shard.counts == plans[0].shard.counts
+            assert p.counts == plans[0].counts  # a ShardedPlan: every rank's counts
             if kept is not None:
                 kept |= set(p.kept.tolist())
             if ref.weights is not None:
@@ -60,14 +63,22 @@ def _options(name: str) -> dict:
     return dict(getattr(policy(name), "score_table_options", dict)())
 
 
+def _bound(pol, table):
+    """The policy, bound to its table (what the sampler does: UCB reads the table's variances)."""
+    bind = getattr(pol, "bind", None)
+    if callable(bind):
+        bind(table)
+    return pol
+
+
 def _fill_with(tables: list[ScoreTable], losses: torch.Tensor) -> None:
     for t in tables:
-        idx = t.slice.indices()
+        idx = t.slice.indices() if isinstance(t, ShardedScores) else torch.arange(t.num_samples)
         t.update(idx, losses[idx])
 
 
 def test_fill_gives_each_rank_its_own_rows():
-    tables = [ScoreTable(10, world=3, rank=r) for r in range(3)]
+    tables: list[ScoreTable] = [ShardedScores(10, 3, r) for r in range(3)]
     whole = ScoreTable(10)
     _fill(tables + [whole], 10, chunk=4)
     for r, t in enumerate(tables):
@@ -88,13 +99,13 @@ def test_a_sharded_update_reads_no_value():
         for r in range(world)
     ]
     for r, ds in enumerate(ranks):
-        ds.sampler.record.planner.comm = sim.comm(r)
+        ds.sampler.comm = sim.comm(r)
         own = ds.scores.slice.indices()
         ds.scores.update(own, torch.rand(own.numel(), generator=torch.Generator().manual_seed(r)))
         ds.set_epoch(1)
     sim.run([lambda ds=ds: len(ds.sampler) for ds in ranks])  # both plan epoch 1 (collectives)
     ds = ranks[1]
-    assert ds.sampler.current_plan().pruning and ds.sampler.current_plan().shard is not None
+    assert ds.sampler.plan().pruning and isinstance(ds.sampler.plan(), ShardedPlan)
     it = iter(DataLoader(ds, batch_size=32, sampler=ds.sampler))
     ds.scores.to("meta")
     for _ in range(6):
@@ -120,15 +131,14 @@ def test_loss_rank_policy_and_unknown_policies_refuse_sharded_scores():
     with pytest.raises(ValueError, match="LossRankPolicy needs every score in one place"):
         InfoBatch(data, 2, policy=LossRankPolicy(0.5, 2), shard_scores=True, num_replicas=2, rank=0)
     with pytest.raises(ValueError, match="shard_scores=True"):  # a sharded table needs a sharded sampler
-        PrunedSampler(ScoreTable(10, world=2, rank=0), policy("random"))
+        PrunedSampler(ShardedScores(10, 2, 0), policy("random"))
     with pytest.raises(ValueError, match="init_process_group|num_replicas"):  # the slice must be known
         InfoBatch(data, 2, shard_scores=True)
 
 
 @pytest.mark.parametrize("kind", ["positive", "signed", "tiny", "huge", "outlier"])
 def test_the_mean_is_the_same_on_any_split_and_close_to_the_float64_mean(kind):
-    from leanbatch.policies.keyed import global_mean
-    from leanbatch.slices import Slice
+    from leanbatch.policies.parts import Slice, global_mean
 
     n, world = 5003, 3
     x = torch.rand(n, generator=torch.Generator().manual_seed(2), dtype=torch.float64)

@@ -13,7 +13,7 @@ from test_sharded import BS, EPOCHS, N, loss_of, whole
 from torch.utils.data import DataLoader, TensorDataset
 
 from leanbatch import InfoBatch
-from leanbatch.sharded import gather_states, shard_state
+from leanbatch.distributed import gather_states, shard_state
 
 SAVE_AT = (1, 3)  # after the 3rd batch of epoch 1 (a pruning epoch)
 
@@ -38,12 +38,12 @@ def _worker(rank: int, world: int, init_file: str, out: str, load: str | None, m
         plans = {}
         for epoch in range(ds.epoch, EPOCHS):
             ds.set_epoch(epoch)
+            plan = ds.sampler.plan()  # the epoch's plan (a resumed epoch: its continuation)
             for k, (x,) in enumerate(loader):
                 served.setdefault(epoch, []).extend(x.long().tolist())
                 ds.update(loss_of(x, epoch))
                 if load is None and (epoch, k + 1) == SAVE_AT:
                     torch.save(ds.state_dict(), os.path.join(out, f"shard{rank}.pt"))  # each rank its own
-            plan = ds.sampler.record.planner.latest
             plans[epoch] = (plan.kept, plan.weights)
         state = {"served": served, "plans": plans, "stats": ds.epoch_stats, "scores": ds.scores.values}
         if load is None:

@@ -29,7 +29,7 @@ def test_infobatch_update_reads_no_value_in_a_pruning_epoch():
     ds = InfoBatch(TensorDataset(torch.arange(N)), 4, seed=0)
     ds.scores.update(torch.arange(N), torch.rand(N, generator=torch.Generator().manual_seed(1)))
     ds.set_epoch(1)
-    assert ds.sampler.current_plan().pruning
+    assert ds.sampler.plan().pruning
     it = iter(DataLoader(ds, batch_size=32, sampler=ds.sampler))
     next(it)  # plans the epoch on the CPU: planning may read values
     ds.scores.to("meta")  # from here on, every tensor of the per-step path is on meta

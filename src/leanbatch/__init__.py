@@ -15,89 +15,53 @@ import importlib
 import importlib.util
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # what a type checker sees; at run time, _HOME (a test keeps the two equal)
     from leanbatch.infobatch import InfoBatch
     from leanbatch.losses import per_sequence_loss
-    from leanbatch.policies import (
-        EpsilonGreedyPolicy,
-        InfoBatchPolicy,
-        LossRankPolicy,
-        Plan,
-        RandomPolicy,
-        RS2Policy,
-        SeTaPolicy,
-        UCBPolicy,
-    )
+    from leanbatch.policies.budget import EpsilonGreedyPolicy, RS2Policy, UCBPolicy
+    from leanbatch.policies.infobatch import InfoBatchPolicy, RandomPolicy
+    from leanbatch.policies.loss_rank import LossRankPolicy
+    from leanbatch.policies.plan import Plan
+    from leanbatch.policies.seta import SeTaPolicy
     from leanbatch.progress import training_progress
     from leanbatch.sampler import PrunedSampler
     from leanbatch.schedule import ProgressLR, cosine
     from leanbatch.scores import ScoreTable
-    from leanbatch.selection import (
-        OnlineBatchSelection,
-        ProxyScorer,
-        Selection,
-        SelectiveBackprop,
-        select_by_loss_rank,
-        select_indices,
-        select_using_loss,
-        selection_losses,
-        should_selective_backprop,
-    )
+    from leanbatch.selection.functional import select_using_loss, selection_losses
+    from leanbatch.selection.layout import Selection
+    from leanbatch.selection.online import OnlineBatchSelection
+    from leanbatch.selection.proxy import ProxyScorer
+    from leanbatch.selection.rules import select_by_loss_rank, select_indices
+    from leanbatch.selection.schedule import should_selective_backprop
+    from leanbatch.selection.selective_backprop import SelectiveBackprop
 
-# where each public name lives; imported on first use by __getattr__
 _HOME = {
     "InfoBatch": "leanbatch.infobatch",
-    "EpsilonGreedyPolicy": "leanbatch.policies",
-    "InfoBatchPolicy": "leanbatch.policies",
-    "LossRankPolicy": "leanbatch.policies",
-    "Plan": "leanbatch.policies",
-    "RandomPolicy": "leanbatch.policies",
-    "RS2Policy": "leanbatch.policies",
-    "SeTaPolicy": "leanbatch.policies",
-    "UCBPolicy": "leanbatch.policies",
     "PrunedSampler": "leanbatch.sampler",
+    "ScoreTable": "leanbatch.scores",
+    "Plan": "leanbatch.policies.plan",
+    "InfoBatchPolicy": "leanbatch.policies.infobatch",
+    "RandomPolicy": "leanbatch.policies.infobatch",
+    "RS2Policy": "leanbatch.policies.budget",
+    "EpsilonGreedyPolicy": "leanbatch.policies.budget",
+    "UCBPolicy": "leanbatch.policies.budget",
+    "SeTaPolicy": "leanbatch.policies.seta",
+    "LossRankPolicy": "leanbatch.policies.loss_rank",
+    "training_progress": "leanbatch.progress",
     "ProgressLR": "leanbatch.schedule",
     "cosine": "leanbatch.schedule",
-    "ScoreTable": "leanbatch.scores",
-    "OnlineBatchSelection": "leanbatch.selection",
-    "ProxyScorer": "leanbatch.selection",
-    "Selection": "leanbatch.selection",
-    "SelectiveBackprop": "leanbatch.selection",
     "per_sequence_loss": "leanbatch.losses",
-    "select_by_loss_rank": "leanbatch.selection",
-    "select_indices": "leanbatch.selection",
-    "select_using_loss": "leanbatch.selection",
-    "selection_losses": "leanbatch.selection",
-    "should_selective_backprop": "leanbatch.selection",
-    "training_progress": "leanbatch.progress",
+    "SelectiveBackprop": "leanbatch.selection.selective_backprop",
+    "OnlineBatchSelection": "leanbatch.selection.online",
+    "ProxyScorer": "leanbatch.selection.proxy",
+    "Selection": "leanbatch.selection.layout",
+    "select_using_loss": "leanbatch.selection.functional",
+    "selection_losses": "leanbatch.selection.functional",
+    "should_selective_backprop": "leanbatch.selection.schedule",
+    "select_by_loss_rank": "leanbatch.selection.rules",
+    "select_indices": "leanbatch.selection.rules",
 }
-
-__all__ = [
-    "EpsilonGreedyPolicy",
-    "InfoBatch",
-    "InfoBatchPolicy",
-    "LossRankPolicy",
-    "OnlineBatchSelection",
-    "Plan",
-    "ProgressLR",
-    "ProxyScorer",
-    "PrunedSampler",
-    "RS2Policy",
-    "RandomPolicy",
-    "ScoreTable",
-    "SeTaPolicy",
-    "Selection",
-    "SelectiveBackprop",
-    "UCBPolicy",
-    "cosine",
-    "per_sequence_loss",
-    "select_by_loss_rank",
-    "select_indices",
-    "select_using_loss",
-    "selection_losses",
-    "should_selective_backprop",
-    "training_progress",
-]  # the names of _HOME
+__all__ = sorted(_HOME)
 __version__ = "0.1.0"
 
 

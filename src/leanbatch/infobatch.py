@@ -1,8 +1,10 @@
 """``InfoBatch``: the drop-in dataset wrapper (Qin et al., ICLR 2024).
 
-Three changes to a training loop: wrap the dataset, pass ``sampler=ds.sampler``
-to the DataLoader, and return ``ds.update(per_sample_loss)`` as the loss. The
-batches stay the user's own items; no torch internals are patched.
+Three changes to a training loop: wrap the dataset, pass ``sampler=ds.sampler`` to the
+DataLoader, and return ``ds.update(per_sample_loss)`` as the loss. The batches stay the user's
+own items; no torch internals are patched. The wrapper is the user's face of the run its
+:class:`~leanbatch.PrunedSampler` owns: it builds the score table and the sampler, fetches the
+items, and turns each batch's losses into scores and the weighted loss.
 """
 
 from __future__ import annotations
@@ -11,18 +13,21 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, IterableDataset
 
 from leanbatch.checks import check_index_tensor, check_per_sample_loss, require
-from leanbatch.inputs import _check_positions, _dataset_length, _make_policy, _on, _unscored, table_slice
-from leanbatch.policies import Plan, Policy
-from leanbatch.record import Position, TrainingRecord
+from leanbatch.distributed.checkpoints import own_part
+from leanbatch.distributed.shards import ShardedScores, shard_of
+from leanbatch.epochs import read_state
+from leanbatch.ledger import Position
+from leanbatch.policies.base import Policy
+from leanbatch.policies.infobatch import InfoBatchPolicy, RandomPolicy
+from leanbatch.policies.plan import Plan
 from leanbatch.sampler import PrunedSampler
 from leanbatch.scores import ScoreTable
-from leanbatch.state import record_state
 
 if TYPE_CHECKING:
-    from leanbatch.carrier import ScoreCarrier
+    from leanbatch.distributed.carrier import ScoreCarrier
 
 __all__ = ["InfoBatch"]
 
@@ -56,7 +61,7 @@ class InfoBatch(Dataset):
             index space (the indices ``i % world == rank``), O(N / world) memory instead of
             O(N), and serves the kept samples it owns; the plans are the unsharded ones. The
             world and rank must be known when the wrapper is built. Per-rank state dicts:
-            :mod:`leanbatch.sharded` gathers and re-shards them.
+            :mod:`leanbatch.distributed.checkpoints` gathers and re-shards them.
 
     Example:
         >>> import torch, torch.nn.functional as F
@@ -102,11 +107,12 @@ class InfoBatch(Dataset):
         options = dict(getattr(policy_obj, "score_table_options", dict)())
         if ema is not None:
             options["ema"] = ema  # the policy's bind() refuses a table it cannot rank by
+        self.scores: ScoreTable
         if shard_scores:
-            world, r = table_slice(n, num_replicas, rank, process_group)
-            options.update(world=world, rank=r)
-            num_replicas, rank = world, r
-        self.scores = ScoreTable(n, device=device, **options)
+            num_replicas, rank = shard_of(n, num_replicas, rank, process_group)
+            self.scores = ShardedScores(n, num_replicas, rank, device=device, **options)
+        else:
+            self.scores = ScoreTable(n, device=device, **options)
         self.sampler = PrunedSampler(
             self.scores,
             policy_obj,
@@ -119,17 +125,12 @@ class InfoBatch(Dataset):
             num_epochs=num_epochs,
             shard_scores=shard_scores,
         )
-        self.sampler.record.fetches.track()
-
-    @property
-    def record(self) -> TrainingRecord:
-        """What has been trained: the position, the epochs, the ledger (see :class:`~leanbatch.record.TrainingRecord`)."""
-        return self.sampler.record
+        self.sampler.track_fetches()
 
     @property
     def num_epochs(self) -> int:
-        """The run's length in epochs (the training record owns it; the policy agrees with it)."""
-        return self.sampler.record.num_epochs
+        """The run's length in epochs (the sampler owns it; the policy agrees with it)."""
+        return self.sampler.num_epochs
 
     # ------------------------------------------------------------------ dataset
     def __len__(self) -> int:
@@ -145,7 +146,7 @@ class InfoBatch(Dataset):
         trains, so a loss of the wrong length is an error before any score lands on a wrong
         sample.
         """
-        self.sampler.record.fetches.fetched(len(indices))
+        self.sampler.fetched(len(indices))
         many = getattr(self.dataset, "__getitems__", None)
         return list(many(indices)) if callable(many) else [self.dataset[i] for i in indices]
 
@@ -199,34 +200,33 @@ class InfoBatch(Dataset):
             >>> float(out), ds.scores.get(idx[[0, 2]]).tolist(), ds.progress   # 4 of 16 samples trained
             (2.0, [1.0, 3.0], 0.25)
         """
-        loss = check_per_sample_loss(loss)
-        if indices is None:
-            if positions is not None:
-                raise TypeError(
-                    "positions= needs the batch's indices: update(loss, indices, positions=...); without "
-                    "indices in the batch, take them with ds.next_indices(len(batch)) before training it"
-                )
-            return self._update_served(loss)
-        return self._update_indexed(loss, indices, positions)
-
-    def _update_served(self, loss: Tensor) -> Tensor:
-        """``update(loss)``: the indices are the next ones the sampler served (the ledger's)."""
+        if type(loss) is not Tensor or loss.dim() != 1 or not loss.is_floating_point():
+            loss = check_per_sample_loss(loss)  # the full check, with the message that names the fix
+        if indices is not None:
+            return self._update_indexed(loss, indices, positions)
+        if positions is not None:
+            raise TypeError(
+                "positions= needs the batch's indices: update(loss, indices, positions=...); without "
+                "indices in the batch, take them with ds.next_indices(len(batch)) before training it"
+            )
+        # The indices are the next ones the sampler served (its ledger's), checked against the batch
+        # the loader fetched; padding at the epoch's end trains but does not score (the spare slot).
         k = loss.shape[0]
-        record = self.sampler.record
-        step = record.prepare(k, indices=True, batch=True, what="update(loss) without indices")
-        assert step.indices is not None
-        # padding at the epoch's end trains but does not score: its rows go to the spare slot
-        self._store(_unscored(step.indices, None, step.scored, k, self.scores.num_samples), loss)
-        record.commit(k, merged=True)
-        w = step.plan.weights_on(loss.device)
+        sampler = self.sampler
+        plan, idx, scored = sampler.take(k, gathered=True)
+        assert idx is not None
+        sampler.store(idx if scored >= k else _unscored(idx, None, scored, k, len(self)), loss)
+        w = plan.weights_on(loss.device)
         if w is None:
             return loss.mean()
-        return (loss * w.index_select(0, step.plan.local_rows(_on(step.indices, w)))).mean()
+        rows = idx if w.is_cpu else idx.to(w.device, non_blocking=True)
+        return (loss * w.index_select(0, plan.local_rows(rows))).mean()
 
     def _update_indexed(self, loss: Tensor, indices: Any, positions: Tensor | None) -> Tensor:
         """``update(loss, indices[, positions=])``: the batch names its dataset indices."""
         k = loss.shape[0]
-        indices = check_index_tensor(indices, "indices")  # converts, or raises naming the argument
+        if type(indices) is not Tensor or indices.dtype is not torch.int64 or indices.dim() != 1:
+            indices = check_index_tensor(indices, "indices")  # converts, or raises naming the argument
         n = indices.shape[0]
         if positions is None and n != k:
             raise ValueError(
@@ -235,30 +235,31 @@ class InfoBatch(Dataset):
             )
         if positions is not None:
             positions = _check_positions(positions, k, n)
-        record = self.sampler.record
+        sampler = self.sampler
         # Distributed: the ranks gather n rows each, so n must be the batch's size on every rank
         # (gloo aborts the process on unequal sizes); checked against the batch the loader fetched.
-        step = record.prepare(n, batch=record.distributed, subject="indices")  # before anything changes
-        if indices.device.type == "cpu":
+        distributed = sampler.distributed
+        plan, _, scored = sampler.prepare(n, batch=distributed)  # checked before anything changes
+        if indices.is_cpu:
             # Our own copy: a caller's CPU tensor can alias memory that changes without torch
             # knowing (torch.from_numpy of a reused array), which no version check would see.
-            indices = indices.clone() if indices.dtype == torch.int64 else indices.long()
+            indices = indices.clone() if indices.dtype is torch.int64 else indices.long()
         rows = indices if positions is None else _on(indices, positions).index_select(0, positions)
-        w_batch = self._gather_checked(step.plan, loss.device, rows)  # before anything changes
-        spare = self.scores.num_samples
-        idx, scored = _unscored(rows, positions, step.scored, n, spare), loss
-        if positions is not None and record.distributed:  # every rank gathers n rows, however many it kept
+        w = self._gather_checked(plan, loss.device, rows)  # before anything changes
+        idx: Tensor = rows
+        if scored < n:  # padding at the epoch's end trains but does not score (the spare slot)
+            idx = _unscored(rows, positions, scored, n, len(self))
+        if positions is not None and distributed:  # every rank gathers n rows, however many it kept
+            spare, rows_on = len(self), idx.to(positions.device, non_blocking=True)
             idx = torch.full((n,), spare, dtype=torch.int64, device=positions.device).index_copy_(
-                0, positions, idx.to(positions.device, non_blocking=True)
+                0, positions, rows_on
             )
-            scored = loss.detach().float().new_zeros(n).index_copy_(0, positions, loss.detach().float())
-        self._store(idx, scored)
-        record.commit(n, merged=True)
-        return loss.mean() if w_batch is None else (loss * w_batch).mean()
-
-    def _store(self, indices: Tensor, losses: Tensor) -> None:
-        """Store a step's scores; in a distributed run every rank stores every rank's rows (gathered)."""
-        self.scores.store(indices, losses, check=False, across=True, group=self.sampler.process_group)
+            scores = loss.detach().float().new_zeros(n).index_copy_(0, positions, loss.detach().float())
+            sampler.store(idx, scores)
+        else:
+            sampler.store(idx, loss)
+        sampler.commit(n, gathered=True)
+        return loss.mean() if w is None else (loss * w).mean()
 
     def _gather_checked(self, plan: Plan, device: torch.device, rows: Tensor) -> Tensor | None:
         """The weights of ``rows`` (``None``: all 1), with the rows checked to be dataset indices.
@@ -268,9 +269,9 @@ class InfoBatch(Dataset):
         must be this rank's (asynchronous on CUDA too).
         """
         w = plan.weights_on(device)
-        if self.scores.slice.world > 1:
-            self._check_owned(rows)
-        if w is not None and w.device.type == "cpu" and rows.device.type == "cpu":
+        if isinstance(self.scores, ShardedScores):
+            self.scores.check_owned(rows)
+        if w is not None and w.is_cpu and rows.is_cpu:
             try:
                 return w.index_select(0, plan.local_rows(rows))
             except (IndexError, RuntimeError):
@@ -278,20 +279,6 @@ class InfoBatch(Dataset):
                 raise
         self.scores.check_indices(rows)
         return None if w is None else w.index_select(0, plan.local_rows(_on(rows, w)))
-
-    def _check_owned(self, rows: Tensor) -> None:
-        """Sharded: every row is an index this rank owns (its weight lives here)."""
-        sl = self.scores.slice
-        msg = (
-            f"with shard_scores=True rank {sl.rank} of {sl.world} trains the indices i % {sl.world} == "
-            f"{sl.rank} (those its sampler serves): these indices are another rank's"
-        )
-        if rows.device.type == "cpu":
-            if rows.numel() and not bool(sl.owns(rows).all()):
-                self.scores.check_indices(rows)
-                raise IndexError(msg)
-        else:
-            torch._assert_async(sl.owns(rows).all(), msg)
 
     def next_indices(self, n: int) -> Tensor:
         """The dataset indices (int64, CPU) of the next ``n`` samples to train, in serving order.
@@ -305,12 +292,12 @@ class InfoBatch(Dataset):
     def weights(self, indices: Tensor) -> Tensor:
         """The loss weights (float32) of dataset ``indices`` in the batch trained next, on their device."""
         self.scores.check_indices(indices)
-        plan = self.sampler.record.plan()
+        plan = self.sampler.plan()
         w = plan.weights_on(indices.device)
         if w is None:
             return torch.ones(indices.shape, dtype=torch.float32, device=indices.device)
-        if self.scores.slice.world > 1:
-            self._check_owned(indices)
+        if isinstance(self.scores, ShardedScores):
+            self.scores.check_owned(indices)
         return w[plan.local_rows(indices)]
 
     @property
@@ -344,17 +331,17 @@ class InfoBatch(Dataset):
     @property
     def position(self) -> Position:
         """Where training stands: ``Position(epoch, trained, length)``, in the epoch's global order."""
-        return self.sampler.record.position
+        return self.sampler.position
 
     @property
     def progress(self) -> float:
         """Fraction of training done, counted in trained samples: (epoch + trained / length) / num_epochs."""
-        return self.sampler.record.progress
+        return self.sampler.progress
 
     def carry_scores(self, model: Any) -> ScoreCarrier:
         """Send each step's score rows inside ``model``'s gradient all-reduce (DDP), not by an
         all-gather of their own: the same rows and table, one collective a step fewer (see
-        :class:`~leanbatch.carrier.ScoreCarrier`, whose example runs one). Call it on every rank,
+        :class:`~leanbatch.distributed.ScoreCarrier`, whose example runs one). Call it on every rank,
         after wrapping the model in ``DistributedDataParallel`` and before its first backward.
 
         Example:
@@ -365,9 +352,7 @@ class InfoBatch(Dataset):
             ...     print(str(e).split(",")[0])
             model must be the DistributedDataParallel wrapper the loop trains through
         """
-        from leanbatch.carrier import carry_for
-
-        return carry_for(self.scores, model, self.sampler.process_group)
+        return self.sampler.exchange.carry(model)
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
@@ -378,30 +363,91 @@ class InfoBatch(Dataset):
         """Resume exactly where :meth:`state_dict` was taken (same dataset size, any number of ranks).
 
         The state is checked before anything changes: a wrong key, shape or value is a
-        ``ValueError`` that names it. Version 1 states (the release before) still load.
+        ``ValueError`` that names it. With ``shard_scores=True`` an unsharded (or gathered) state
+        is cut to this rank's part (:func:`leanbatch.distributed.shard_state`).
         """
-        checked = require(state, ("scores", "sampler"), "InfoBatch state_dict")
-        version = checked.get("version", 1)
-        if version not in (1, 2):
-            raise ValueError(f"InfoBatch state_dict has version {version!r}; this leanbatch reads 1 and 2")
-        sharding = self.sampler.record.sharding
-        if sharding.scores_sharded and _unsharded(checked):  # cut this rank's part out
-            from leanbatch.sharded import shard_state
-
-            require(checked["scores"], ("num_samples",), "state_dict['scores']")
-            if checked["scores"]["num_samples"] != self.scores.num_samples:
-                raise ValueError(
-                    f"state_dict is for a dataset of {checked['scores']['num_samples']} samples, this wrapper "
-                    f"holds {self.scores.num_samples}: load a checkpoint made with the same dataset"
-                )
-            world, rank = sharding.resolve()
-            checked = shard_state(dict(checked), world, rank, sharding.drop_last)
-        record_state(checked["sampler"], self.scores.num_samples, self.sampler.record.sharding)  # check first
+        checked = require(state, ("version", "scores", "sampler"), "InfoBatch state_dict")
+        if checked["version"] != 2:
+            raise ValueError(
+                f"InfoBatch state_dict has version {checked['version']!r}; this leanbatch reads 2"
+            )
+        where = None
+        if isinstance(self.scores, ShardedScores):  # an unsharded (gathered) state: this rank's part of it
+            checked = own_part(checked, self.scores, self.sampler.drop_last)
+            where = (self.scores.slice.world, self.scores.slice.rank)
+        read_state(checked["sampler"], len(self), where)  # checked before the table changes
         self.scores.load_state_dict(checked["scores"])
         self.sampler.load_state_dict(checked["sampler"])
 
 
-def _unsharded(state: Any) -> bool:
-    """Whether an InfoBatch state was saved unsharded (or gathered)."""
-    plan = state["sampler"].get("plan") if isinstance(state["sampler"], dict) else None
-    return "world" not in state["scores"] and not (isinstance(plan, dict) and plan.get("shard") is not None)
+def _dataset_length(dataset: Any) -> int:
+    """The length of a map-style dataset, or a clear error."""
+    if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__getitem__"):
+        raise TypeError(
+            "dataset must be a map-style dataset with __len__ and __getitem__; InfoBatch prunes by "
+            "index, so an IterableDataset cannot be wrapped"
+        )
+    try:
+        n = len(dataset)
+    except TypeError as e:
+        raise TypeError("dataset must define __len__ (a map-style dataset)") from e
+    if n < 1:
+        raise ValueError("dataset is empty: InfoBatch needs at least one sample")
+    return n
+
+
+def _make_policy(policy: str | Policy, prune_ratio: float, num_epochs: int, delta: float) -> Policy:
+    """The policy object for ``policy=``; a policy object must agree on ``num_epochs`` (one owner)."""
+    kinds: dict[str, type[InfoBatchPolicy] | type[RandomPolicy]] = {
+        "infobatch": InfoBatchPolicy,
+        "random": RandomPolicy,
+    }
+    if isinstance(policy, str):
+        if policy not in kinds:
+            raise ValueError(f"policy must be one of {sorted(kinds)} or a Policy object, got {policy!r}")
+        return kinds[policy](prune_ratio, num_epochs, delta)
+    InfoBatchPolicy(prune_ratio, num_epochs, delta)  # validates the arguments all the same
+    if not callable(policy):
+        raise TypeError(
+            f"policy must be 'infobatch', 'random' or a Policy object, got {type(policy).__name__}"
+        )
+    theirs = getattr(policy, "num_epochs", num_epochs)
+    if theirs != num_epochs:
+        raise ValueError(
+            f"InfoBatch(num_epochs={num_epochs}) but the policy has num_epochs={theirs}: the policy would "
+            "anneal at another epoch than the one progress counts to; build both with the same num_epochs"
+        )
+    return policy
+
+
+def _check_positions(positions: Any, k: int, n: int) -> Tensor:
+    """``positions``: one row of the batch per loss (checked on CPU; on a device at the gather)."""
+    positions = check_index_tensor(positions, "positions")
+    if positions.shape[0] != k:
+        raise ValueError(
+            f"loss has {k} entries but positions has {positions.shape[0]}: one position per loss"
+        )
+    if positions.device.type == "cpu" and k and not 0 <= int(positions.min()) <= int(positions.max()) < n:
+        raise IndexError(f"positions must be rows of the batch, in [0, {n})")
+    return positions
+
+
+def _unscored(rows: Tensor, positions: Tensor | None, scored: int, n: int, spare: int) -> Tensor:
+    """``rows`` with those past the first ``scored`` rows of the batch sent to the spare slot (padding).
+
+    Example:
+        >>> _unscored(torch.tensor([4, 5, 6]), None, scored=2, n=3, spare=9).tolist()
+        [4, 5, 9]
+    """
+    if scored >= n:
+        return rows
+    if positions is None:
+        rows = rows.clone()
+        rows[scored:] = spare
+        return rows
+    return torch.where(positions < scored, rows, spare)
+
+
+def _on(idx: Tensor, like: Tensor) -> Tensor:
+    """``idx`` on ``like``'s device (asynchronously)."""
+    return idx if idx.device == like.device else idx.to(like.device, non_blocking=True)

@@ -1,9 +1,21 @@
-"""The ledger of one iteration over an epoch: what was served, and how much of it was trained.
+"""The ledger of a training run: what an iteration served, what a loader fetched, what was trained.
 
-Loaders read ahead, so the samples a sampler has served run ahead of those an update has
-trained. :class:`Iteration` keeps the served dataset indices in order, in the chunks they
-were made in, and drops a chunk once it has been trained to its end. Counts are this rank's
-(local); :meth:`Iteration.global_trained` maps them to the epoch's global order.
+Loaders read ahead (worker processes, Lightning's prefetching loop, accelerate's one batch
+ahead), so the samples a sampler has served run ahead of those an update has trained.
+:class:`Iteration` keeps one ``iter()``'s served dataset indices in order, in the chunks they
+were made in, and drops a chunk once it has been trained to its end; :class:`Fetches` keeps the
+sizes of the batches fetched through the dataset, so an update is checked against the batch it
+trains. Counts are this rank's (local); :class:`Position` is where they leave training in the
+epoch's global order. The :class:`~leanbatch.PrunedSampler` owns the ledgers of its run.
+
+Example:
+    >>> import torch
+    >>> from leanbatch.policies import full_plan
+    >>> it = Iteration(0, full_plan(0, 10), world=2, rank=1, origin=0, length=5)
+    >>> it.add(torch.tensor([7, 3, 9])); it.peek(2).tolist()
+    [7, 3]
+    >>> it.take(2); it.order_position, it.scored(3)   # rank 1's positions 5, 7, 9 hold kept samples
+    (4, 3)
 """
 
 from __future__ import annotations
@@ -17,9 +29,11 @@ import torch
 from torch import Tensor
 from torch.utils.data import get_worker_info
 
-from leanbatch.policies import Plan
+from leanbatch.policies.plan import Plan
 
 __all__ = ["Fetches", "Iteration", "Position", "Step"]
+
+WORKER_SLOTS = 64  # DataLoader workers whose fetched sizes never share a slot (ids modulo this)
 
 
 class Position(NamedTuple):
@@ -46,9 +60,14 @@ class Position(NamedTuple):
 class Step(NamedTuple):
     """What an update trains: the plan that served it, its dataset indices (if asked), the rows that score.
 
-    ``scored`` counts the leading rows that are not padding: padding repeats samples at the
-    end of an epoch so every rank trains as many; a padded row trains but never scores, so
-    each sample is scored at most once per epoch and merging the ranks' scores is order-free.
+    ``scored`` counts the leading rows that are not padding: padding repeats samples at the end
+    of an epoch so every rank trains as many; a padded row trains but never scores, so each
+    sample is scored at most once per epoch and merging the ranks' scores is order-free.
+
+    Example:
+        >>> from leanbatch.policies import full_plan
+        >>> Step(full_plan(0, 4), None, 4).scored
+        4
     """
 
     plan: Plan
@@ -62,16 +81,7 @@ class Iteration:
 
     This rank serves the global positions ``origin + rank + k * world`` for local ``k`` in
     ``0 .. length - 1``; ``served`` runs ahead of ``trained`` by what the loader has read ahead,
-    and ``chunks`` hold those served, untrained indices in order.
-
-    Example:
-        >>> import torch
-        >>> from leanbatch.policies import full_plan
-        >>> it = Iteration(0, full_plan(0, 10), world=2, rank=1, origin=0, length=5)
-        >>> it.add(torch.tensor([7, 3, 9])); it.take(2, indices=True).tolist(), it.global_trained
-        ([7, 3], 4)
-        >>> it.scored(3)   # rank 1's positions 5, 7 and 9 are inside the 10 kept samples
-        3
+    and ``chunks`` hold those served, untrained indices in order (see the module's example).
     """
 
     epoch: int
@@ -87,6 +97,10 @@ class Iteration:
     head_end: int = 0  # local position just past chunks[0]
     ran_out: bool = False  # the consumer pulled past its last sample
     batch: int = 0  # size of its first update (update(loss) checks later ones against it)
+    inside: int = field(init=False)  # local positions holding a kept sample (the rest is padding)
+
+    def __post_init__(self) -> None:
+        self.inside = self.plan.inside(self.origin, self.rank, self.world)
 
     @property
     def done(self) -> bool:
@@ -103,15 +117,9 @@ class Iteration:
         """The position reached in the epoch's order: ``origin + trained * world``, at most its length."""
         return min(self.plan.order_length, self.origin + self.trained * self.world)
 
-    @property
-    def global_trained(self) -> int:
-        """Kept samples of the epoch trained on every rank (see :meth:`Plan.kept_before`)."""
-        return self.plan.kept_before(self.order_position)
-
     def scored(self, n: int) -> int:
-        """How many of the next ``n`` local samples are not padding (padding repeats samples at the end)."""
-        inside = self.plan.inside(self.origin, self.rank, self.world)  # positions holding a kept sample
-        return min(n, max(0, inside - self.trained))
+        """How many of the next ``n`` local samples are not padding."""
+        return min(n, max(0, self.inside - self.trained))
 
     def add(self, indices: Tensor) -> None:
         """Record the next served chunk of dataset indices."""
@@ -120,15 +128,24 @@ class Iteration:
         self.chunks.append(indices)
         self.served += indices.numel()
 
-    def take(self, n: int, indices: bool) -> Tensor | None:
-        """Mark the next ``n`` served samples trained; their dataset indices if asked."""
-        out = self.peek(n) if indices else None
+    def train(self, n: int) -> Tensor:
+        """The dataset indices of the next ``n`` served samples, marked trained (one step)."""
+        trained = self.trained
+        if trained + n < self.head_end:  # the common step: inside one chunk, which stays
+            self.trained = trained + n
+            offset = trained - self.head
+            return self.chunks[0][offset : offset + n]
+        indices = self.peek(n)
+        self.take(n)
+        return indices
+
+    def take(self, n: int) -> None:
+        """Mark the next ``n`` served samples trained, dropping chunks trained to their end."""
         self.trained += n
-        while self.trained >= self.head_end and self.chunks:  # drop chunks trained to their end
+        while self.trained >= self.head_end and self.chunks:
             self.chunks.popleft()
             self.head = self.head_end
             self.head_end += self.chunks[0].numel() if self.chunks else 0
-        return out
 
     def peek(self, n: int) -> Tensor:
         """The dataset indices of the next ``n`` served, untrained samples (nothing marked)."""
@@ -139,33 +156,25 @@ class Iteration:
         for chunk in self.chunks:
             step = min(need, chunk.numel() - offset)
             parts.append(chunk[offset : offset + step])
-            need -= step
-            offset = 0
+            need, offset = need - step, 0
             if not need:
                 break
         return parts[0] if len(parts) == 1 else torch.cat(parts)
-
-
-WORKER_SLOTS = 64  # DataLoader workers whose fetched sizes never share a slot (ids modulo this)
 
 
 class Fetches:
     """The sizes of the batches a DataLoader fetched through the dataset, to check updates against.
 
     In this process (no worker processes) the sizes queue up in fetch order, which is the order
-    the batches are trained in; worker processes share only the largest (through a shared-memory
-    tensor made by :meth:`track`, before they start: one slot per worker, which only that worker
-    writes, so two workers fetching at once cannot lose the larger size). An update is then checked
-    against the batch it trains, so a loss of the wrong length fails before a score lands on a
-    wrong sample.
+    the batches are trained in; worker processes share only the largest (a shared-memory tensor
+    made by :meth:`track` before they start: one slot per worker, which only that worker writes).
 
     Example:
         >>> from leanbatch.policies import full_plan
         >>> f = Fetches()
         >>> f.fetched(4)
-        >>> it = Iteration(0, full_plan(0, 8), world=1, rank=0, origin=0, length=8)
         >>> try:
-        ...     f.check(it, 3, implicit=True)
+        ...     f.check(Iteration(0, full_plan(0, 8), 1, 0, 0, 8), 3, implicit=True, subject="loss")
         ... except ValueError as e:
         ...     print(str(e).split(" (")[0])
         loss has 3 entries but the batches of this epoch have 4
@@ -196,6 +205,16 @@ class Fetches:
         if self._queue:
             self._queue.popleft()
 
+    def train(self, it: Iteration, n: int) -> None:
+        """:meth:`check` an update of ``n`` samples without indices from ``it``, then mark the oldest
+        fetched batch trained (one step)."""
+        queue = self._queue
+        if queue and queue[0] == n:  # the common step: the batch the loader fetched
+            queue.popleft()
+            return
+        self.check(it, n, implicit=True)
+        self.trained()
+
     def clear(self) -> None:
         """Forget what was fetched (an abandoned iteration's batches are never trained)."""
         self._queue.clear()
@@ -203,15 +222,13 @@ class Fetches:
             self._largest.zero_()
 
     def check(self, it: Iteration, n: int, implicit: bool, subject: str = "loss") -> None:
-        """Refuse an update of ``n`` samples from ``it`` that is not the size of the batch it trains
-        (``subject``: what the message says has ``n`` entries)."""
-        last = it.trained + n == it.length  # a short last batch ends the iteration
+        """Refuse an update of ``n`` samples from ``it`` that is not the size of the batch it trains."""
         if self._queue:
             expected = self._queue[0]
         else:
             shared = 0 if self._largest is None else int(self._largest.max())
             expected = shared or (it.batch if implicit else 0)
-            if last and n <= expected:
+            if it.trained + n == it.length and n <= expected:  # a short last batch ends the iteration
                 expected = n
         if expected and n != expected:
             raise ValueError(

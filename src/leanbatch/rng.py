@@ -1,8 +1,5 @@
-"""Ranks and random generators: one helper for every part of leanbatch that draws or shards.
+"""Private random generators: what every part of leanbatch that draws owns.
 
-- :func:`process_rank` / :func:`world_size` read an initialised ``torch.distributed`` process
-  group (the default one, or the ``group`` given), host-side only: no collective, no device.
-  Without a process group the rank is 0 and the world 1.
 - :class:`Generators` is what an object that draws owns: one private ``torch.Generator`` per
   device, reseeded for every draw from ``mix_seed(seed, rank, *keys)``, so draws are
   reproducible, independent across ranks, resumable from a counter, and never touch the global
@@ -22,198 +19,18 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from leanbatch.checks import check_int, check_seed
 from leanbatch.permutation import mix_seed
+from leanbatch.ranks import process_rank
 
-__all__ = [
-    "DEFAULT_SEED",
-    "SHARED",
-    "Generators",
-    "all_gather_rows",
-    "gather_step",
-    "STEP_ROW_BYTES",
-    "comm_device",
-    "canonical_device",
-    "initialized",
-    "is_distributed",
-    "process_rank",
-    "rank_seed",
-    "same_group",
-    "world_size",
-]
+__all__ = ["DEFAULT_SEED", "SHARED", "Generators", "canonical_device", "rank_seed"]
 
 DEFAULT_SEED = 1910_00762  # Selective Backprop's arXiv id: unlikely to collide with a user's data seed
 SHARED = -1  # the key of draws every rank makes alike, in the rank's place: no rank is negative
-
-
-def initialized() -> bool:
-    """Whether a ``torch.distributed`` process group is initialised in this process.
-
-    Example:
-        >>> initialized()
-        False
-    """
-    return dist.is_available() and dist.is_initialized()
-
-
-def process_rank(group: Any = None) -> int:
-    """This process's rank in ``group`` (default: the world) if a process group is initialised, else 0.
-
-    Example:
-        >>> process_rank()  # no process group here
-        0
-    """
-    return int(dist.get_rank(group)) if initialized() else 0
-
-
-def world_size(group: Any = None) -> int:
-    """The number of processes in ``group`` (default: the world); 1 without a process group.
-
-    Example:
-        >>> world_size()
-        1
-    """
-    return int(dist.get_world_size(group)) if initialized() else 1
-
-
-def is_distributed(group: Any = None) -> bool:
-    """Whether ``group`` (default: the world) is an initialised group of more than one process.
-
-    Example:
-        >>> is_distributed()
-        False
-    """
-    return initialized() and dist.get_world_size(group) > 1
-
-
-def same_group(a: Any, b: Any) -> bool:
-    """Whether ``a`` and ``b`` name the same process group (``None``: the default one).
-
-    Example:
-        >>> same_group(None, None)
-        True
-    """
-    if a is b:
-        return True
-    world = dist.group.WORLD if initialized() else None
-    return (world if a is None else a) is (world if b is None else b)
-
-
-def comm_device(group: Any = None) -> torch.device:
-    """Where ``group``'s collectives run: the current CUDA device for NCCL, else the CPU.
-
-    Example:
-        >>> comm_device()  # no process group: the CPU
-        device(type='cpu')
-    """
-    if initialized() and dist.get_backend(group) == "nccl":
-        return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
-
-
-def all_gather_rows(t: torch.Tensor, group: Any = None) -> torch.Tensor:
-    """``t`` (the same shape on every rank) from every rank of ``group``, concatenated in rank order.
-
-    One collective, on :func:`comm_device` (asynchronous on a CUDA stream with NCCL). Without a
-    process group of several processes, ``t`` itself.
-
-    Example:
-        >>> import torch
-        >>> all_gather_rows(torch.arange(3)).tolist()
-        [0, 1, 2]
-    """
-    if not is_distributed(group):
-        return t
-    out, work = _start_gather(t, group)
-    work.wait()  # NCCL: the current stream waits, not the host
-    return out
-
-
-def mean_of_writers(
-    values: torch.Tensor, written: torch.Tensor, var: torch.Tensor | None = None, group: Any = None
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Per row, the mean over the ranks of ``group`` that wrote it (``written``) of their ``values``
-    (and ``var``); a row no rank wrote keeps this rank's value. All-reduces, on :func:`comm_device`.
-
-    Each rank adds its value divided by the number of writers, so the sum is their mean and cannot
-    overflow float32, however large the values. Without a process group of several processes,
-    the rows written keep their values: the mean of one writer.
-
-    Example:
-        >>> import torch
-        >>> mean_of_writers(torch.tensor([1.0, 2.0]), torch.tensor([True, False]))[0].tolist()
-        [1.0, 2.0]
-    """
-    dev, shared = comm_device(group), is_distributed(group)
-    mine = written.to(dev)
-    count = mine.to(torch.float32)
-    if shared:
-        dist.all_reduce(count, group=group)
-    old, n = values.to(dev), count.clamp(min=1)
-    parts = [torch.where(mine, old / n, 0.0)]  # a score: this rank's share of the writers' mean
-    if var is not None:  # a variance: summed, then divided (one all-reduce for both)
-        parts.append(torch.where(mine, var.to(dev), 0.0))
-    sums = torch.stack(parts)
-    if shared:
-        dist.all_reduce(sums, group=group)
-    merged = torch.where(count > 0, sums[0], old)
-    if var is None:
-        return merged, None
-    return merged, torch.where(count > 0, sums[1] / n, var.to(dev))
-
-
-def _start_gather(t: torch.Tensor, group: Any) -> tuple[torch.Tensor, Any]:
-    """Start all-gathering ``t`` on :func:`comm_device`: the output, and the work to wait on."""
-    t = _to_comm(t, comm_device(group)).contiguous()
-    out = t.new_empty((world_size(group) * t.shape[0], *t.shape[1:]))
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-    return out, gather(out, t, group=group, async_op=True)
-
-
-def _to_comm(t: torch.Tensor, dev: torch.device) -> torch.Tensor:
-    """``t`` on the collectives' device ``dev``: to the CPU from a device, a blocking copy (gloo reads
-    it on another thread); to CUDA, queued on the stream."""
-    return t.to(dev, non_blocking=dev.type != "cpu")
-
-
-STEP_ROW_BYTES = 16  # what one row of gather_step sends: an index and a loss, each as a float64
-
-
-def gather_step(
-    indices: torch.Tensor, losses: torch.Tensor, group: Any = None
-) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
-    """Start gathering one step's rows (an index and a loss each) from every rank of ``group``.
-
-    Returns a call that waits for the gather and gives every rank's rows in rank order: int64
-    indices and float32 losses, on :func:`comm_device`. The two columns travel as one float64
-    tensor of shape (rows, 2), exact for any index below 2**53 and for every float32 loss (NaN and
-    infinities included): one collective a step, started without waiting, so it runs while the
-    caller goes on (the backward pass); on CUDA with NCCL the wait orders streams and never
-    blocks the host. Without a process group of several processes, the call gives the input back.
-
-    Example:
-        >>> import torch
-        >>> idx, loss = gather_step(torch.tensor([4, 2]), torch.tensor([0.5, float("nan")]))()
-        >>> idx.tolist(), loss.tolist()
-        ([4, 2], [0.5, nan])
-    """
-    if not is_distributed(group):
-        return lambda: (indices, losses)
-    dev = comm_device(group)  # float64 there: MPS has none
-    cols = [_to_comm(t, dev).to(torch.float64) for t in (indices, losses.detach())]
-    out, work = _start_gather(torch.stack(cols, 1), group)
-
-    def result() -> tuple[torch.Tensor, torch.Tensor]:
-        work.wait()
-        return out[:, 0].long(), out[:, 1].float()
-
-    return result
 
 
 def rank_seed(seed: int, rank: int, *more: int) -> int:

@@ -1,53 +1,51 @@
-"""``PrunedSampler``: serves each epoch's plan; what it yields is a pure function of the plan.
+"""``PrunedSampler``: serves each epoch's plan, and owns the run: epochs, plans, what was trained.
 
-An epoch serves the plan's kept indices in a keyed pseudo-random order: global position ``p``
-holds ``kept[perm(p mod K)]``, where ``perm`` is a Feistel permutation keyed by ``(seed,
-epoch)`` and evaluated lazily, chunk by chunk, on the positions this rank serves (see
-:mod:`leanbatch.sharding`). So what a rank yields is a pure function of (plan, seed, epoch,
-rank, world, where the iteration starts), no O(N log N) shuffle is made, and nothing but the
-plan's kept indices is held between steps. ``len()`` is arithmetic, and neither runs a
-collective.
-
-What has been *trained* is not the sampler's business: it hands every chunk it serves to its
-:class:`~leanbatch.record.TrainingRecord` (``sampler.record``), which keeps the ledger, the
-position, the epochs and the merges. The sampler's ``claim``/``consume``/``plan``/``position``/
-``state_dict`` methods are the record's, kept here under their first names.
+The sampler owns its run the way torch's ``DistributedSampler`` owns its epoch: one object holds
+the epoch, its plan, what was served and trained (the ledger, :mod:`leanbatch.ledger`), and the
+position. An epoch serves the plan's kept indices in a keyed order (global position ``p`` holds
+``kept[perm(p mod K)]``, ``perm`` a Feistel permutation keyed by ``(seed, epoch)``, evaluated
+chunk by chunk); an iteration starting at global position ``start`` gives rank ``r`` of ``W``
+the positions ``start + r, start + r + W, ...``, padded or truncated to equal shards. What a rank
+yields is a pure function of (plan, seed, epoch, rank, world, start), ``len()`` is arithmetic,
+and neither runs a collective. Training, not serving, decides the epoch, the position, the plan
+whose weights apply, the progress and the checkpoint; ranks meet where every rank is at the same
+point (an epoch's last sample, ``set_epoch``), and planning (:mod:`leanbatch.epochs`) is a local,
+deterministic function of the merged scores.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
+import torch
 from torch import Tensor
 from torch.utils.data import Sampler
 
-from leanbatch.ledger import Iteration
-from leanbatch.permutation import KeyedPermutation, mix_seed  # noqa: F401 -- re-exported
-from leanbatch.planner import EpochPlanner
-from leanbatch.policies import Plan, Policy
-from leanbatch.record import Position, TrainingRecord
+from leanbatch.checks import check_bool, check_int, check_seed
+from leanbatch.distributed.exchange import ScoreExchange, merge_scores
+from leanbatch.epochs import (
+    check_agreement,
+    check_layout,
+    local_length,
+    plan_epoch,
+    read_state,
+    warn_past_end,
+)
+from leanbatch.ledger import Fetches, Iteration, Position, Step
+from leanbatch.policies.base import Policy
+from leanbatch.policies.parts import Comm
+from leanbatch.policies.plan import Plan
+from leanbatch.progress import training_progress
+from leanbatch.ranks import is_distributed, process_rank, world_size
 from leanbatch.scores import ScoreTable
-from leanbatch.sharding import Sharding
 
-__all__ = ["PrunedSampler", "KeyedPermutation", "mix_seed", "serve"]  # the middle two live in permutation
-
-
-def serve(plan: Plan, seed: int, positions: Tensor) -> Tensor:
-    """The dataset indices (int64) at global ``positions`` of ``plan``'s epoch (padding wraps around).
-
-    Example:
-        >>> import torch
-        >>> from leanbatch.policies import full_plan
-        >>> order = serve(full_plan(0, 5), seed=0, positions=torch.arange(7))
-        >>> sorted(order[:5].tolist()), torch.equal(order[5:], order[:2])
-        ([0, 1, 2, 3, 4], True)
-    """
-    return plan.serve(seed, positions)
+__all__ = ["PrunedSampler"]
 
 
 class PrunedSampler(Sampler[int]):
-    """Serves the plan of each epoch: the kept indices, shuffled, rank by rank.
+    """Serves the plan of each epoch, rank by rank, and keeps the record of what was trained.
 
     One object serves single-process and DDP training: with ``num_replicas`` > 1 every rank
     computes the same plan (same scores after a merge, same generator) and takes positions
@@ -55,14 +53,15 @@ class PrunedSampler(Sampler[int]):
     or, with ``drop_last``, truncated to equal length, and the padding is counted in
     :attr:`epoch_stats`. ``num_replicas`` and ``rank`` default to the process group's, read
     when an iteration starts, so the sampler may be built before ``init_process_group``.
+    ``shard=False`` serves the whole order on every process (accelerate shards the batches);
+    ``shard_scores=True`` plans each rank's own slice of a
+    :class:`~leanbatch.distributed.ShardedScores` table.
 
-    An epoch ends when its samples have been *trained*, not when they have been fetched: the
-    :attr:`record` decides ``len()``, :meth:`plan`, the weights and the checkpointed position.
-    The next epoch is planned when an ``iter()`` starts it, or when ``len()`` is read after
-    the whole previous epoch has been trained, never earlier. Epochs advance with
-    :meth:`set_epoch` (call it on every rank in a distributed run: it merges the ranks'
-    scores), or by themselves when an iteration ran to its end. ``iter()`` returns a fresh
-    generator and never re-plans an epoch. The global numpy/torch/python random state is never used.
+    An epoch ends when its samples have been *trained*, not fetched. The next epoch is planned
+    when an ``iter()`` starts it, or when ``len()`` is read after the whole previous epoch has been
+    trained, never earlier, and never twice. Epochs advance with :meth:`set_epoch` (on every rank:
+    it merges the ranks' scores), or by themselves when an iteration ran to its end. ``iter()``
+    returns a fresh generator. The global numpy/torch/python random state is never used.
 
     Example:
         >>> import torch
@@ -73,8 +72,8 @@ class PrunedSampler(Sampler[int]):
         [0, 1, 2, 3, 4, 5, 6, 7]
         >>> idx, plan = sampler.claim(8)                 # trained: the losses of these 8 samples
         >>> table.update(idx, idx.float())               # scores 0..7, mean 3.5
-        >>> sampler.epoch, len(sampler)                  # epoch 1 is planned now: 0..3 may be pruned
-        (1, 5)
+        >>> sampler.epoch, len(sampler), sampler.position
+        (1, 5, Position(epoch=1, trained=0, length=5))
         >>> order = list(sampler)
         >>> sorted(order), sampler.plan().weights.tolist()   # kept below the mean: weight 1 / (1 - 0.5)
         ([3, 4, 5, 6, 7], [2.0, 2.0, 2.0, 2.0, 1.0, 1.0, 1.0, 1.0])
@@ -95,118 +94,402 @@ class PrunedSampler(Sampler[int]):
         num_epochs: int | None = None,
         shard_scores: bool = False,
     ):
-        sharding = Sharding(num_replicas, rank, drop_last, process_group, shard, scores_sharded=shard_scores)
-        if shard_scores:
-            _check_sharded(scores, policy)
-        elif scores.slice.world > 1:
-            raise ValueError(
-                "this score table holds one rank's slice (world > 1): pass shard_scores=True to the sampler"
-            )
-        planner = EpochPlanner(scores, policy, seed, sharding)
-        self.record = TrainingRecord(planner, policy.num_epochs if num_epochs is None else num_epochs)
+        check_layout(num_replicas, rank, shard, drop_last, shard_scores, scores, policy)
+        self.scores = scores
+        self.policy = policy
+        bind = getattr(policy, "bind", None)
+        if callable(bind):  # a policy that reads more of the table than its scores (UCB: the variance)
+            bind(scores)
+        self.seed = check_seed(seed)
+        self.num_epochs = check_int(policy.num_epochs if num_epochs is None else num_epochs, "num_epochs", 1)
         self.chunk_size = chunk_size
+        self.num_replicas, self.rank, self.drop_last, self.shard = num_replicas, rank, drop_last, shard
+        self.process_group = process_group
+        self.shard_scores = shard_scores
+        self.comm: Comm | None = None  # sharded planning's collectives (default: over process_group)
+        self.exchange = ScoreExchange(scores, process_group)  # how the step's rows reach every rank
+        self.epoch_stats: list[dict[str, Any]] = []
+        self._round = 1  # each rank's share of an epoch is a multiple of this (set_round)
+        self._plan: Plan | None = None  # the latest plan; older ones live on in the iterations using them
+        self._its: deque[Iteration] = deque()  # iterations with samples that may still be trained
+        self._cursor = (0, 0)  # (epoch, global start) served next while no iteration is live
+        self._unmerged = False  # trained since the last merge without the rows reaching every rank
+        self._merged_at = scores.version  # the table's write count when every rank last agreed
+        self._warned_past_end = False
+        self._fetches = Fetches()
+        self._distributed = False  # read at each iteration's start: steps store every rank's rows
+
+    # ------------------------------------------------------------------ ranks
+    def _world_rank(self) -> tuple[int, int]:
+        """``(world, rank)`` now: the given values, else the process group's (host-side reads)."""
+        if not self.shard:
+            return 1, 0
+        world = world_size(self.process_group) if self.num_replicas is None else self.num_replicas
+        rank = process_rank(self.process_group) if self.rank is None else self.rank
+        if not 0 <= rank < world:
+            raise ValueError(f"rank must be in [0, num_replicas={world}), got {rank!r}")
+        return world, rank
+
+    def _local_length(self, kept: int, start: int, world: int | None = None) -> int:
+        """Samples this rank serves of the positions ``start .. kept - 1`` (equal on every rank)."""
+        w = self._world_rank()[0] if world is None else world
+        return local_length(kept, start, w, self._round, self.drop_last)
+
+    def set_round(self, size: int, drop_last: bool = False) -> None:
+        """Serve every epoch in whole rounds of ``size`` samples per rank: padded, wrapping to the
+        epoch's start, or with ``drop_last`` truncated.
+
+        For a framework that shards the *batches* of one global order (accelerate: ``size`` =
+        processes x batch size): it then never pads the last round itself, from the start of its
+        current pass, which after a mid-epoch resume is not the epoch's start.
+
+        Example:
+            >>> from leanbatch import InfoBatchPolicy, ScoreTable
+            >>> s = PrunedSampler(ScoreTable(10), InfoBatchPolicy(0.5, 2), shard=False)
+            >>> s.set_round(4); len(s)
+            12
+        """
+        self._round = check_int(size, "size", 1)
+        self.drop_last = check_bool(drop_last, "drop_last")
 
     # ------------------------------------------------------------------ serving
     def __iter__(self) -> Iterator[int]:
-        it = self.record.begin()
+        it = self._begin()
         return iter(()) if it is None else self._serve(it)
 
     def _serve(self, it: Iteration) -> Iterator[int]:
-        seed = self.record.planner.seed
+        step = it.world
         while it.served < it.length:
             count = min(self.chunk_size, it.length - it.served)
-            positions = Sharding.positions(it.origin, it.rank, count, it.world, first=it.served)
-            idx = serve(it.plan, seed, positions)
+            first = it.served
+            positions = torch.arange(first, first + count, dtype=torch.int64) * step + (it.origin + it.rank)
+            idx = it.plan.serve(self.seed, positions)
             it.add(idx)
             yield from idx.tolist()
         it.ran_out = True
 
     def __len__(self) -> int:
-        return self.record.local_length()
+        """Samples this rank serves in the iteration being trained, or in the next one (past the last
+        epoch: the last iteration's, so a loop dividing by ``len(loader)`` at its end keeps working)."""
+        it = self._live()
+        if it is not None:
+            return it.length
+        epoch, start = self._next()
+        if epoch >= self.num_epochs:
+            return self._its[-1].length if self._its else 0
+        return self._local_length(self.plan().order_length, start)
 
-    # ------------------------------------------------------------------ the record, under its first names
+    def epoch_length(self) -> int:
+        """Samples this rank serves in the whole epoch training stands in (its trained part included)."""
+        if self._next()[0] >= self.num_epochs and self._live() is None:
+            return 0
+        return self._local_length(self.plan().order_length, 0)
+
+    def _begin(self) -> Iteration | None:
+        """Start the iteration a new ``iter()`` serves (``None`` past the last epoch).
+
+        After a fully trained epoch, or one served to its end (a consumer reading ahead across the
+        boundary), the next epoch; an abandoned iteration restarts its epoch; after a resume or
+        ``set_epoch``, the cursor.
+        """
+        latest = self._its[-1] if self._its else None
+        if latest is not None:
+            epoch, start = (latest.epoch + 1 if latest.done or latest.ran_out else latest.epoch), 0
+        else:
+            epoch, start = self._cursor
+        # Keep only iterations that ran to their end with samples still in flight (a consumer
+        # that reads ahead across the epoch boundary); an abandoned one's read-ahead is gone.
+        kept = deque(x for x in self._its if x.ran_out and not x.done)
+        if len(kept) < len(self._its) or not kept:
+            self._fetches.clear()  # what was fetched for an abandoned iteration is never trained
+        self._its = kept
+        self._cursor = (epoch, 0)
+        if epoch >= self.num_epochs:
+            if not self._warned_past_end:
+                self._warned_past_end = True
+                warn_past_end(self.num_epochs, epoch)
+            return None
+        plan = self._plan_of(epoch)
+        self._distributed = is_distributed(self.process_group)
+        world, rank = self._world_rank()
+        it = Iteration(epoch, plan, world, rank, start, self._local_length(plan.order_length, start, world))
+        self._its.append(it)
+        return it
+
+    # ------------------------------------------------------------------ where training stands
+    def _live(self) -> Iteration | None:
+        """The latest iteration if it is being trained (not fully trained)."""
+        it = self._its[-1] if self._its else None
+        return it if it is not None and not it.done else None
+
+    def _next(self) -> tuple[int, int]:
+        """(epoch, global start) where training stands when no iteration is live."""
+        it = self._its[-1] if self._its else None
+        return (it.epoch + 1, 0) if it is not None else self._cursor
+
     @property
-    def scores(self) -> ScoreTable:
-        """The score table plans are made from."""
-        return self.record.planner.scores
-
-    @property
-    def policy(self) -> Policy:
-        """The pruning policy (settable)."""
-        return self.record.planner.policy
-
-    @policy.setter
-    def policy(self, policy: Policy) -> None:
-        self.record.planner.policy = policy
-
-    @property
-    def seed(self) -> int:
-        """Seeds every epoch's plan and order."""
-        return self.record.planner.seed
-
-    @property
-    def process_group(self) -> Any:
-        """The data-parallel process group (``None``: the world)."""
-        return self.record.sharding.process_group
-
-    @property
-    def shard(self) -> bool:
-        """Whether each rank serves its own shard (``False``: the whole order on every process)."""
-        return self.record.sharding.shard
-
-    @property
-    def epoch_stats(self) -> list[dict[str, Any]]:
-        """One statistics dict per planned epoch (see :attr:`leanbatch.InfoBatch.epoch_stats`)."""
-        return self.record.planner.epoch_stats
+    def position(self) -> Position:
+        """Where training stands: ``Position(epoch, trained, length)`` in the epoch's global order
+        (never plans: ``length`` is 0 for an epoch not planned yet)."""
+        it = self._live()
+        if it is not None:
+            return Position(it.epoch, it.plan.kept_before(it.order_position), it.plan.num_kept)
+        epoch, start = self._next()
+        latest = self._plan
+        if latest is not None and latest.epoch == epoch:
+            return Position(epoch, latest.kept_before(start), latest.num_kept)
+        return Position(epoch, start, 0)
 
     @property
     def epoch(self) -> int:
-        """The epoch training stands in: the one being trained, or next once it is fully trained."""
-        return self.record.epoch
+        """The epoch training stands in: the one being trained, or the next once it is fully trained."""
+        return self.position.epoch
 
-    def set_epoch(self, epoch: int) -> None:
-        """Serve ``epoch`` (0-based) next (see :meth:`TrainingRecord.set_epoch`)."""
-        self.record.set_epoch(epoch)
+    @property
+    def progress(self) -> float:
+        """Fraction of training done, counted in trained samples (:func:`~leanbatch.training_progress`)."""
+        pos = self.position
+        if pos.epoch >= self.num_epochs:
+            return 1.0
+        return training_progress(
+            epoch=pos.epoch, num_epochs=self.num_epochs, batch_idx=pos.trained, batches_per_epoch=pos.length
+        )
 
     def plan(self) -> Plan:
-        """The plan of the epoch training stands in (made now if needed; never re-made)."""
-        return self.record.plan()
+        """The plan of the epoch training stands in: the one whose weights apply to the next batch
+        trained (made now if needed; never re-made)."""
+        it = self._live()
+        return it.plan if it is not None else self._plan_of(self._next()[0])
 
-    def current_plan(self) -> Plan:
-        """The plan whose weights apply to the next batch trained (same as :meth:`plan`)."""
-        return self.record.plan()
+    def left(self) -> int:
+        """Samples of the iteration being trained that are not trained yet (0 without one)."""
+        it = self._live()
+        return 0 if it is None else it.length - it.trained
 
-    def position(self) -> Position:
-        """Where training stands: ``Position(epoch, trained, length)`` in the epoch's global order."""
-        return self.record.position
+    # ------------------------------------------------------------------ planning
+    def _plan_of(self, epoch: int) -> Plan:
+        """Epoch ``epoch``'s plan: made now if it is not the latest one, never re-made."""
+        if self._plan is None or self._plan.epoch != epoch:
+            world, rank = self._world_rank()
+            stored = self.scores.version != self._merged_at and not self.shard_scores
+            check_agreement(world, self.shard, self.process_group, stored, self._unmerged)
+            self._plan = None  # let the old plan go before making the new one
+            self._plan, stats = plan_epoch(
+                self.policy,
+                self.scores,
+                epoch,
+                self.seed,
+                world,
+                rank,
+                round_size=self._round,
+                drop_last=self.drop_last,
+                comm=self.comm,
+                group=self.process_group,
+            )
+            self.epoch_stats = [s for s in self.epoch_stats if s["epoch"] != epoch] + [stats]
+        return self._plan
+
+    # ------------------------------------------------------------------ training
+    def fetched(self, n: int) -> None:
+        """A batch of ``n`` served samples was fetched (``__getitems__``): updates are checked against it."""
+        self._fetches.fetched(n)
+
+    def track_fetches(self) -> None:
+        """Share the fetched sizes with DataLoader worker processes (call before they start)."""
+        self._fetches.track()
+
+    def _front(self, n: int) -> Iteration | None:
+        """The iteration the next ``n`` trained samples come from: an older one (a consumer reading
+        ahead across epochs) while they fit in what it has in flight; what it served but nobody
+        trained (a DataLoader's ``drop_last`` remainder) is left behind."""
+        its = self._its
+        while len(its) > 1 and (its[0].done or its[0].in_flight < n):
+            its.popleft()
+        return its[0] if its else None
+
+    def _serving(self, n: int, what: str) -> Iteration | None:
+        """The iteration whose next ``n`` served samples the next update trains (nothing marked)."""
+        it = self._front(n)
+        if it is None:
+            if self._next()[0] >= self.num_epochs:
+                raise RuntimeError(
+                    f"{what}: all {self.num_epochs} epochs are trained (num_epochs={self.num_epochs}); "
+                    "build the wrapper with num_epochs= the number of epochs you train"
+                )
+            return None
+        if n > it.in_flight:
+            raise ValueError(
+                f"{what}: {n} samples but the sampler has served only {it.in_flight} samples "
+                "not yet updated: call update() once per batch with one loss per sample (reduction='none'), "
+                "or pass positions= for a selected subset of the batch"
+            )
+        return it
+
+    def prepare(
+        self, n: int, indices: bool = False, batch: bool = False, what: str = "update(loss, indices)"
+    ) -> Step:
+        """The step that trains the next ``n`` served samples (checked; nothing marked yet): the plan
+        that served them, their indices (``indices=True``), how many score. ``batch``: they are one
+        fetched batch, so ``n`` is checked against its size. Then :meth:`store` the scores and
+        :meth:`commit` the step. Without an iteration being served: the current plan, and
+        committing counts nothing.
+
+        Example:
+            >>> from leanbatch import InfoBatchPolicy, ScoreTable
+            >>> s = PrunedSampler(ScoreTable(6), InfoBatchPolicy(0.5, 2))
+            >>> order = list(s)
+            >>> step = s.prepare(4, indices=True)
+            >>> step.indices.tolist() == order[:4], s.position.trained
+            (True, 0)
+        """
+        its = self._its  # the common step: one iteration, with the batch in flight
+        it = its[0] if len(its) == 1 and n <= its[0].served - its[0].trained else self._serving(n, what)
+        if it is None:
+            self._distributed = is_distributed(self.process_group)
+            if indices:
+                raise RuntimeError(
+                    f"{what} found no batch served by this sampler: build the DataLoader with "
+                    "sampler=ds.sampler (and iterate it), or pass indices explicitly: update(loss, indices)"
+                )
+            return Step(self.plan(), None, n)
+        if batch:
+            self._fetches.check(it, n, indices, "loss" if indices else "indices")
+        return Step(it.plan, it.peek(n) if indices else None, it.scored(n))
+
+    def take(self, n: int, gathered: bool = False) -> Step:
+        """:meth:`prepare` the next fetched batch of ``n`` served samples (its indices included) and
+        :meth:`commit` it at once, for a step that stores its scores after (see :meth:`store`)."""
+        its = self._its
+        it = its[0] if len(its) == 1 else self._front(n)
+        if it is None or n > it.served - it.trained:  # the errors that say why
+            self.prepare(n, indices=True, batch=True, what="update(loss) without indices")
+        assert it is not None
+        self._fetches.train(it, n)  # checked against the batch fetched, before anything changes
+        scored = min(n, max(0, it.inside - it.trained))
+        step = Step(it.plan, it.train(n), scored)
+        it.batch = it.batch or n
+        self._unmerged = self._unmerged or not gathered
+        if it.done:
+            self.merge()
+        return step
+
+    @property
+    def distributed(self) -> bool:
+        """Whether a step's scores go to every rank (a process group of several processes, read when
+        an iteration starts, a state loads, or an update finds no iteration)."""
+        return self._distributed
+
+    def store(self, indices: Tensor, losses: Tensor) -> None:
+        """Store a step's scores, rows checked; in a distributed run every rank stores every rank's
+        rows (the same number on every rank), so nothing of them is left to merge: commit with
+        ``gathered=True``. A row with index ``num_samples`` scores nothing (padding)."""
+        if self._distributed:
+            self.exchange.send(indices, losses)
+        else:
+            self.scores.store(indices, losses, check=False)
+
+    def commit(self, n: int, gathered: bool = False) -> None:
+        """Mark the next ``n`` served samples trained (after their scores were stored).
+
+        ``gathered``: their scores reached every rank (:meth:`store`). Otherwise, when the epoch ends
+        here, the ranks' scores are merged: every rank trains its last sample at the same step,
+        shards being equal.
+        """
+        its = self._its
+        it = its[0] if len(its) == 1 and n <= its[0].served - its[0].trained else self._serving(n, "commit")
+        if it is not None:
+            self._trained(it, n, gathered)
+
+    def _trained(self, it: Iteration, n: int, gathered: bool) -> None:
+        self._fetches.trained()
+        it.batch = it.batch or n
+        it.take(n)
+        self._unmerged = self._unmerged or not gathered
+        if it.done:
+            self.merge()
 
     def claim(self, n: int) -> tuple[Tensor, Plan]:
-        """Mark the next ``n`` served samples trained; their dataset indices (int64, CPU) and plan."""
-        return self.record.claim(n)
-
-    def consume(self, n: int) -> Plan:
-        """Mark the next ``n`` served samples trained (an update that carries its own indices); their plan."""
-        return self.record.take(n).plan
+        """Mark the next batch of ``n`` served samples trained; their dataset indices (int64, CPU) and
+        their plan. For a loop that stores the scores itself (``table.update(idx, loss)``)."""
+        step = self.take(n)
+        assert step.indices is not None
+        return step.indices, step.plan
 
     def peek(self, n: int) -> Tensor:
         """The dataset indices (int64, CPU) of the next ``n`` served samples, without marking them."""
-        return self.record.peek(n)
+        it = self._serving(n, "next_indices()")
+        if it is None:
+            raise RuntimeError(
+                "next_indices() found no batch served by this sampler: build the DataLoader with "
+                "sampler=ds.sampler and fetch the batch first"
+            )
+        return it.peek(n)
 
+    # ------------------------------------------------------------------ epochs and ranks
+    def set_epoch(self, epoch: int) -> None:
+        """Serve ``epoch`` (0-based) next; merges the ranks' scores (call it on every rank).
+
+        Setting the epoch being served again changes nothing (a resumed epoch keeps its
+        position); any other epoch closes the books on the previous iterations.
+        """
+        check_int(epoch, "epoch", 0)
+        it = self._its[-1] if self._its else None
+        if it is None:
+            if epoch != self._cursor[0]:
+                self._cursor = (epoch, 0)
+        elif epoch != it.epoch or it.ran_out or it.done:
+            self._its.clear()
+            self._cursor = (epoch, 0)
+        self.merge()
+
+    def merge(self) -> None:
+        """Merge what every rank trained since the last merge (a collective in a distributed run: call
+        it on every rank, e.g. before saving a checkpoint; a no-op when nothing is new)."""
+        if self._unmerged and is_distributed(self.process_group):
+            merge_scores(self.scores, self.process_group)
+            self._merged_at = self.scores.version
+        self._unmerged = False
+
+    # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
-        """The record's state: epoch, global position, the epoch's plan, the statistics."""
-        return self.record.state_dict()
+        """Epoch, global position, the epoch's plan (mid-epoch) and the statistics: plain values.
+
+        Saved as ``epoch``, ``position`` (in the epoch's global order) and ``finished``: a fully
+        trained epoch ``e`` is ``(e, its length, True)``, which resumes at ``Position(e + 1, 0, ...)``.
+        """
+        latest = self._its[-1] if self._its else None
+        if latest is not None and latest.done:
+            epoch, position, finished, plan = latest.epoch, latest.order_position, True, None
+        else:
+            epoch, live = self.position.epoch, self._live()
+            position = live.order_position if live is not None else self._next()[1]
+            plan = latest.plan if latest is not None else self._plan
+            keep = plan is not None and plan.epoch == epoch and (position > 0 or plan.done > 0)
+            plan, finished = (plan if keep else None), False
+        saved = {"version": 2, "seed": self.seed, "num_samples": self.scores.num_samples, "epoch": epoch}
+        return {  # the position counts the epoch's global order (all ranks)
+            **saved,
+            "position": position,
+            "finished": finished,
+            "world": self._world_rank()[0],
+            "plan": None if plan is None else plan.state_dict(),
+            "epoch_stats": [dict(s) for s in self.epoch_stats],
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume: the next iteration continues the saved epoch at the saved position."""
-        self.record.load_state_dict(state)
+        """Resume: the next iteration continues the saved epoch at the saved global position.
 
-
-def _check_sharded(scores: ScoreTable, policy: Policy) -> None:
-    """Refuse ``shard_scores=True`` with a policy that cannot plan a slice."""
-    if not callable(getattr(policy, "plan_slice", None)):
-        raise ValueError(
-            f"shard_scores=True plans each rank's slice of the index space, which {type(policy).__name__} "
-            "cannot do (it has no plan_slice; LossRankPolicy needs every score in one place to rank them): "
-            "use InfoBatchPolicy, RandomPolicy, RS2Policy, EpsilonGreedyPolicy, UCBPolicy or SeTaPolicy, "
-            "or leave shard_scores off"
-        )
+        The state is checked before anything changes (:func:`~leanbatch.epochs.read_state`): a wrong
+        key, shape or value is a ``ValueError`` that names it.
+        """
+        where = self._world_rank() if self.shard_scores else None
+        epoch, trained, plan, stats, seed = read_state(state, self.scores.num_samples, where)
+        self.seed = seed
+        self.epoch_stats = stats
+        self._its.clear()
+        self._cursor = (epoch, trained)
+        self._unmerged = False
+        self._distributed = is_distributed(self.process_group)
+        self._merged_at = self.scores.version
+        if plan is not None:
+            self._plan = plan

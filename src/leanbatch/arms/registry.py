@@ -28,18 +28,21 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from leanbatch.checks import check_choice, check_real
-from leanbatch.policies import (
+from leanbatch import (
     EpsilonGreedyPolicy,
     InfoBatchPolicy,
     LossRankPolicy,
-    Policy,
+    OnlineBatchSelection,
+    ProxyScorer,
     RandomPolicy,
     RS2Policy,
+    SelectiveBackprop,
     SeTaPolicy,
     UCBPolicy,
 )
-from leanbatch.selection import OnlineBatchSelection, ProxyScorer, RhoLoss, SelectiveBackprop, Selector
+from leanbatch.checks import check_choice, check_real
+from leanbatch.policies import Policy
+from leanbatch.selection import RhoLoss, Selector
 
 __all__ = ["MAX_BUDGET", "REGISTRY", "MethodKind", "SelectorContext", "Setting", "Twin", "kinds_help"]
 

@@ -24,9 +24,9 @@ import dataclasses
 import math
 from typing import TYPE_CHECKING, Any
 
+from leanbatch import SelectiveBackprop
 from leanbatch.arms.registry import SelectorContext
 from leanbatch.engine.data import ContractError, CountedInfoBatch, _Counts
-from leanbatch.selection import SelectiveBackprop
 
 if TYPE_CHECKING:
     from leanbatch.engine.run import Run

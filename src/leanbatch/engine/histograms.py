@@ -41,7 +41,7 @@ def snapshot_epochs(policy: Any, epochs: int, count: int = 3) -> set[int]:
     policy's last pruning epoch (epoch 0 plans from no scores).
 
     Example:
-        >>> from leanbatch.policies import InfoBatchPolicy
+        >>> from leanbatch import InfoBatchPolicy
         >>> snapshot_epochs(InfoBatchPolicy(0.5, 8, 0.875), 8), snapshot_epochs(None, 8)
         ({1, 3, 6}, set())
     """

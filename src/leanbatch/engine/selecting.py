@@ -20,8 +20,9 @@ from typing import Any
 
 from torch import Tensor
 
-from leanbatch import InfoBatch
-from leanbatch.selection import MemoryScores, ProxyScorer, ScorerScores, Selector, num_selected
+from leanbatch import InfoBatch, ProxyScorer
+from leanbatch.selection import MemoryScores, ScorerScores, Selector
+from leanbatch.selection.rules import num_selected
 
 __all__ = ["Pick", "smallest_trained"]
 

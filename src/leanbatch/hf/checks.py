@@ -16,7 +16,7 @@ from torch.optim.lr_scheduler import ReduceLROnPlateau
 
 from leanbatch.infobatch import InfoBatch
 from leanbatch.schedule import ProgressLR
-from leanbatch.selection import SelectiveBackprop
+from leanbatch.selection.selective_backprop import SelectiveBackprop
 
 __all__ = ["check_setup", "wrap_train_dataset"]
 

@@ -31,14 +31,14 @@ from torch.utils.data import Sampler
 from transformers import Trainer, TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from leanbatch.carrier import ScoreCarrier, carry_if_ddp
+from leanbatch.distributed import ScoreCarrier, carry_if_ddp
 from leanbatch.hf.checks import check_setup, wrap_train_dataset
 from leanbatch.hf.data import INDEX_KEY, IndexCollator, IndexedDataset, Rows
 from leanbatch.hf.losses import weighted_loss
 from leanbatch.infobatch import InfoBatch
 from leanbatch.losses import sequence_losses, token_losses
-from leanbatch.policies import Plan
-from leanbatch.selection import SelectiveBackprop
+from leanbatch.policies.plan import Plan
+from leanbatch.selection.selective_backprop import SelectiveBackprop
 
 __all__ = ["STATE_FILE", "LeanbatchMixin"]
 
@@ -197,7 +197,7 @@ class LeanbatchMixin(_Base):
         # itself (from the start of its current pass, which after a mid-epoch resume is not the
         # epoch's start). One process trains a short last batch as it is.
         several = self.accelerator.num_processes > 1
-        ds.record.set_round(self._lb_round if several else 1, drop_last=self.args.dataloader_drop_last)
+        ds.sampler.set_round(self._lb_round if several else 1, drop_last=self.args.dataloader_drop_last)
         return loader
 
     # ------------------------------------------------------------------ epochs
@@ -288,7 +288,7 @@ class LeanbatchMixin(_Base):
         if self._lb_carried is not model:  # under DDP the scores ride its all-reduce (once per wrapper)
             self._lb_carried, self.score_carrier = model, carry_if_ddp(ds, model)
         n, first = self._lb_trained(ds, len(rows))
-        step = ds.record.prepare(n)
+        step = ds.sampler.prepare(n)
         self._lb_step = (rows, step.plan, first)
         try:
             out = super().training_step(model, inputs, num_items_in_batch)
@@ -302,13 +302,13 @@ class LeanbatchMixin(_Base):
                 )
         finally:
             self._lb_step = None
-        ds.record.commit(n, merged=True)  # every process stored every process's scores
+        ds.sampler.commit(n, gathered=True)  # every process stored every process's scores
         return out
 
     def _lb_trained(self, ds: InfoBatch, local: int) -> tuple[int, int]:
         """Samples this micro-batch trains across all processes (a global batch, less at the epoch's
         end), and the global position of this process's first row."""
-        left = ds.record.left()
+        left = ds.sampler.left()
         if not left:
             raise RuntimeError("the InfoBatch sampler is not being iterated: train with trainer.train()")
         n = min(self._lb_round or local, left)
@@ -358,7 +358,7 @@ class LeanbatchMixin(_Base):
             losses = losses.new_zeros(len(rows)).index_copy_(0, at, losses)
         if kept.shape[0] != tok.shape[0]:
             raise RuntimeError(f"the batch has {tok.shape[0]} rows but its indices say {kept.shape[0]}")
-        ds.scores.store(scores_rows, losses, check=False, across=True, group=ds.sampler.process_group)
+        ds.sampler.store(scores_rows, losses)
         w = plan.weights_on(dev)
         return None if w is None else w.index_select(0, kept.to(dev, non_blocking=True))
 
@@ -379,7 +379,7 @@ class LeanbatchMixin(_Base):
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         ds, sb = self.infobatch, self.selective_backprop
         if ds is not None:
-            ds.scores.sync(ds.sampler.process_group)  # every process: the merged table is saved
+            ds.sampler.merge()  # every process: the merged table is saved
         if self.args.should_save:
             folder = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
             out = os.path.join(self._get_output_dir(trial=trial), folder)

@@ -18,13 +18,13 @@ import lightning.pytorch as pl
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from leanbatch.carrier import ScoreCarrier, carry_if_ddp
 from leanbatch.checks import check_per_sample_loss
+from leanbatch.distributed import ScoreCarrier, carry_if_ddp
 from leanbatch.infobatch import InfoBatch
 from leanbatch.lightning import loop
 from leanbatch.lightning.data import EpochSampler, WithIndex, join_index, split_index
-from leanbatch.rng import initialized, is_distributed
-from leanbatch.selection import SelectiveBackprop
+from leanbatch.ranks import initialized, is_distributed
+from leanbatch.selection.selective_backprop import SelectiveBackprop
 
 __all__ = ["LeanBatchCallback"]
 
@@ -333,7 +333,7 @@ class LeanBatchCallback(pl.Callback):
         """The pruning and selection state: tensors and plain values (a DDP collective: scores merged)."""
         ib, sb = self.infobatch, self.selective_backprop
         if ib is not None:
-            ib.record.merge()  # every rank saves: the checkpoint holds every rank's scores
+            ib.sampler.merge()  # every rank saves: the checkpoint holds every rank's scores
         return {
             "version": 1,
             "infobatch": None if ib is None else ib.state_dict(),

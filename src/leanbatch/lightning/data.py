@@ -132,11 +132,11 @@ class EpochSampler(Sampler[int]):
     def __len__(self) -> int:
         if self._over():
             return 0
-        record = self.sampler.record
-        if self._counted is not None and self._counted[0] == record.epoch:
-            return self._counted[1] + record.local_length()  # resumed: Lightning's count, then what is left
+        sampler = self.sampler
+        if self._counted is not None and self._counted[0] == sampler.epoch:
+            return self._counted[1] + len(sampler)  # resumed: Lightning's count, then what is left
         self._counted = None
-        return record.epoch_length()
+        return sampler.epoch_length()
 
     def counted_before(self, epoch: int, samples: int) -> None:
         """Lightning counted ``samples`` of ``epoch`` on this rank before a resume (its batches done x

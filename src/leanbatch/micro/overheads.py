@@ -247,7 +247,7 @@ def bench_update(num_samples: int, batch_size: int, steps: int, device: str = "c
         for _ in range(n * batch_size):
             next(it)
         batches = [order[i * batch_size : (i + 1) * batch_size].to(dev) for i in range(n)]
-        weights = ds_explicit.sampler.current_plan().weights_on(dev)
+        weights = ds_explicit.sampler.plan().weights_on(dev)
         assert weights is not None
         return batches, weights
 
@@ -300,7 +300,7 @@ def bench_select(batch_size: int, steps: int, device: str = "cpu") -> list[dict[
 
     ``ValueError`` unless ``batch_size >= 2`` (the selected half holds a sample) and ``steps >= 1``.
     """
-    from leanbatch.selection import SelectiveBackprop, select_indices
+    from leanbatch import SelectiveBackprop, select_indices
     from leanbatch.tasks.images.models import SmallCNN
 
     check_int(steps, "steps", 1)

@@ -2,7 +2,7 @@
 
 Each rank holds a sharded score table of its ``ceil((N - r) / W)`` rows, filled with the same
 exponential scores as one unsharded table of ``N``; the ranks plan each epoch in turns (see
-:class:`~leanbatch.simulate.SimulatedWorld`: every collective combined exactly as
+:class:`~leanbatch.distributed.simulate.SimulatedWorld`: every collective combined exactly as
 ``torch.distributed`` would), and each rank's plan time is its own turns summed. Bytes held are
 the tensors a rank keeps between steps, by ``nbytes`` (not the resident set): its scores (the
 spare slot included) and its plan (kept indices and weights). The unsharded row plans the same
@@ -29,13 +29,17 @@ def _fill(tables: list[Any], n: int, chunk: int = 1 << 20) -> None:
         stop = min(n, start + chunk)
         losses = torch.empty(stop - start).exponential_(generator=g)
         for t in tables:
-            first, end = t.slice.rows_in(start, stop)
-            idx = t.slice.indices(first, end)
+            part = getattr(t, "slice", None)  # a rank's slice (ShardedScores), or every index
+            if part is None:
+                t.update(torch.arange(start, stop), losses)
+                continue
+            first, end = part.rows_in(start, stop)
+            idx = part.indices(first, end)
             t.update(idx, losses[idx - start])
 
 
 def _held(table: Any, plan: Any) -> tuple[int, int]:
-    scores = table._values.nbytes + (0 if table._var is None else table._var.nbytes)
+    scores = table.nbytes
     kept = 0 if plan.kept is None else plan.kept.nbytes
     return scores, kept + (0 if plan.weights is None else plan.weights.nbytes)
 
@@ -43,34 +47,32 @@ def _held(table: Any, plan: Any) -> tuple[int, int]:
 def _measure(n: int, world: int, sharded: bool, repeats: int, policy: str) -> list[dict[str, Any]]:
     import time
 
-    from leanbatch.planner import EpochPlanner
-    from leanbatch.policies import InfoBatchPolicy, RandomPolicy
-    from leanbatch.scores import ScoreTable
-    from leanbatch.sharding import Sharding
-    from leanbatch.simulate import SimulatedWorld
+    from leanbatch import InfoBatchPolicy, RandomPolicy, ScoreTable
+    from leanbatch.distributed import ShardedScores
+    from leanbatch.distributed.simulate import SimulatedWorld
+    from leanbatch.epochs import plan_epoch
 
     cls = InfoBatchPolicy if policy == "infobatch" else RandomPolicy
     ranks = world if sharded else 1
-    tables = [ScoreTable(n, world=ranks, rank=r) for r in range(ranks)]
+    tables = [ShardedScores(n, ranks, r) if sharded else ScoreTable(n) for r in range(ranks)]
     _fill(tables, n)
     sim = SimulatedWorld(ranks)
-    planners = [
-        EpochPlanner(
-            t, cls(0.5, repeats + 2, 1.0), 0, Sharding(ranks, r, scores_sharded=sharded), sim.comm(r)
-        )
-        for r, t in enumerate(tables)
-    ]
+    pol = cls(0.5, repeats + 2, 1.0)
+
+    def planned(r: int, epoch: int) -> Any:
+        return plan_epoch(pol, tables[r], epoch, 0, ranks, r, comm=sim.comm(r))[0]
+
     best = [float("inf")] * ranks
     for epoch in range(1, repeats + 1):
         sim.busy = [0.0] * ranks
         t0 = time.perf_counter()
-        sim.run([partial(p.plan, epoch) for p in planners])
+        sim.run([partial(planned, r, epoch) for r in range(ranks)])
         wall = time.perf_counter() - t0
         times = sim.busy if sharded else [wall]
         best = [min(b, t) for b, t in zip(best, times, strict=True)]
     rows = []
-    for r, (t, p) in enumerate(zip(tables, planners, strict=True)):
-        plan = p.plan(repeats)
+    plans = sim.run([partial(planned, r, repeats) for r in range(ranks)])
+    for r, (t, plan) in enumerate(zip(tables, plans, strict=True)):
         score_b, plan_b = _held(t, plan)
         rows.append(
             {

@@ -1,38 +1,29 @@
-"""Pruning policies: (scores, epoch, generator) -> the epoch's plan.
+"""Pruning policies: ``policy(scores, epoch, generator) -> Plan``, one module per family.
 
-One module per family:
+- :mod:`~leanbatch.policies.plan` - the :class:`~leanbatch.Plan` of an epoch;
+- :mod:`~leanbatch.policies.base` - the :class:`Policy` protocol and the drawing tools every
+  policy shares (drops keyed by index, weights that are exact inverse inclusion probabilities);
+- :mod:`~leanbatch.policies.infobatch` - ``InfoBatchPolicy`` and ``RandomPolicy``;
+- :mod:`~leanbatch.policies.budget` - fixed budgets: ``RS2Policy``, ``EpsilonGreedyPolicy``,
+  ``UCBPolicy``;
+- :mod:`~leanbatch.policies.seta` - ``SeTaPolicy``;
+- :mod:`~leanbatch.policies.loss_rank` - ``LossRankPolicy`` (online batch selection per epoch);
+- :mod:`~leanbatch.policies.parts`, :mod:`~leanbatch.policies.keyed`,
+  :mod:`~leanbatch.policies.select` - the part of the index space a policy plans, its keyed draws
+  and exact statistics, and the exact top-k: what lets a rank plan its own part of a sharded run.
 
-- :mod:`~leanbatch.policies.base` - the :class:`Plan`, the :class:`Policy` protocol and
-  the drawing tools every policy shares;
-- :mod:`~leanbatch.policies.infobatch` - :class:`InfoBatchPolicy` (with the target-fraction
-  and short-schedule options) and :class:`RandomPolicy`, rescaled and unbiased;
-- :mod:`~leanbatch.policies.budget` - fixed-budget plans: :class:`RS2Policy` (repeated random
-  sampling without replacement), :class:`EpsilonGreedyPolicy` and :class:`UCBPolicy`;
-- :mod:`~leanbatch.policies.seta` - :class:`SeTaPolicy` (random subset, loss groups, a
-  window sliding from easy to hard);
-- :mod:`~leanbatch.policies.loss_rank` - :class:`LossRankPolicy` (online batch selection in the
-  paper's own form: each epoch drawn from the whole dataset by loss rank).
+The policies themselves are exported by :mod:`leanbatch` (``from leanbatch import RS2Policy``);
+this package exports what a new policy is written with.
 
 Example:
-    >>> from leanbatch.policies import InfoBatchPolicy, RandomPolicy, Plan, full_plan, pruning_epochs
+    >>> import torch
+    >>> from leanbatch import InfoBatchPolicy
+    >>> from leanbatch.policies import full_plan, pruning_epochs
+    >>> pruning_epochs(8, 0.875), full_plan(0, 3).num_kept
+    (7, 3)
 """
 
-from leanbatch.policies.base import Plan, Policy, full_plan, pruning_epochs
-from leanbatch.policies.budget import EpsilonGreedyPolicy, RS2Policy, UCBPolicy
-from leanbatch.policies.infobatch import InfoBatchPolicy, RandomPolicy
-from leanbatch.policies.loss_rank import LossRankPolicy
-from leanbatch.policies.seta import SeTaPolicy
+from leanbatch.policies.base import Policy, pruning_epochs
+from leanbatch.policies.plan import full_plan
 
-__all__ = [
-    "EpsilonGreedyPolicy",
-    "InfoBatchPolicy",
-    "LossRankPolicy",
-    "Plan",
-    "Policy",
-    "RS2Policy",
-    "RandomPolicy",
-    "SeTaPolicy",
-    "UCBPolicy",
-    "full_plan",
-    "pruning_epochs",
-]
+__all__ = ["Policy", "full_plan", "pruning_epochs"]

@@ -1,4 +1,4 @@
-"""What every policy shares: the :class:`Plan`, the :class:`Policy` protocol and the drawing tools.
+"""What every policy shares: the :class:`Policy` protocol and the drawing tools.
 
 A plan says which dataset indices are served this epoch and with which loss
 weight. Policies are small, pure and vectorised (no Python loop over samples).
@@ -25,24 +25,21 @@ import torch
 from torch import Tensor
 
 from leanbatch.checks import check_epochs, check_ratio
-from leanbatch.policies.keyed import draw_key, global_count, global_mean, keyed_below, keyed_uniform
-from leanbatch.policies.plan import Plan, full_plan
-from leanbatch.slices import Slice
+from leanbatch.policies.keyed import draw_key, keyed_below, keyed_uniform
+from leanbatch.policies.parts import Slice, global_count, global_mean
+from leanbatch.policies.plan import Plan
 
 __all__ = [
-    "Plan",
     "Policy",
-    "SlicedPolicy",
-    "full_plan",
-    "pruning_epochs",
-    "check_epochs",
-    "check_ratio",
+    "check_common",
     "drop_mask",
     "keyed_drop",
+    "mean_score",
     "plan_from_drop",
     "plan_from_keep",
-    "mean_score",
+    "pruning_epochs",
     "weights_where",
+    "whole",
 ]
 
 _SCALE = 1 << 32  # drop probabilities are multiples of 2**-32
@@ -52,11 +49,22 @@ _CHUNK = 1 << 20  # samples per chunk of random draws and index building
 class Policy(Protocol):
     """What the sampler calls once per epoch: ``policy(scores, epoch, generator) -> Plan``.
 
-    Two optional hooks, for policies that read more of the score table than its values:
-    ``score_table_options() -> dict`` (the ``ScoreTable`` keyword arguments the rule needs,
-    e.g. ``{"ema": 0.9, "variance": True}``; :class:`~leanbatch.InfoBatch` builds its table
-    with them) and ``bind(table)`` (``PrunedSampler`` calls it once with its table; it may
-    refuse a table that lacks what the rule ranks by). See :class:`~leanbatch.UCBPolicy`.
+    A policy that can plan one rank's part of the index space (``shard_scores=True``) takes it as
+    ``part=`` (a :class:`~leanbatch.policies.parts.Slice`; ``scores`` then hold that part's rows)
+    and says so with ``shardable = True``: its plan is the unsharded plan's part on that slice,
+    and :func:`leanbatch.distributed.shards.plan_shard` wraps it for every sharded run. Two optional
+    hooks, for policies that read more of the score table than its values:
+    ``score_table_options() -> dict`` (the ``ScoreTable`` keyword arguments the rule needs, e.g.
+    ``{"ema": 0.9, "variance": True}``; :class:`~leanbatch.InfoBatch` builds its table with them)
+    and ``bind(table)`` (``PrunedSampler`` calls it once with its table; it may refuse a table that
+    lacks what the rule ranks by). See :class:`~leanbatch.UCBPolicy`.
+
+    Example:
+        >>> import torch
+        >>> from leanbatch import RandomPolicy
+        >>> policy: Policy = RandomPolicy(0.5, num_epochs=2)
+        >>> policy(torch.rand(4), 0, torch.Generator()).num_kept <= 4
+        True
     """
 
     num_epochs: int
@@ -64,18 +72,15 @@ class Policy(Protocol):
     def __call__(self, scores: Tensor, epoch: int, generator: torch.Generator) -> Plan: ...
 
 
-class SlicedPolicy(Policy, Protocol):
-    """A policy that also plans one rank's slice (``shard_scores=True``): ``plan_slice(scores, epoch,
-    generator, sl)`` with this rank's scores and :class:`~leanbatch.slices.Slice`; its plan equals
-    the unsharded plan's part on that slice. ``__call__`` is ``plan_slice`` on the whole.
+def whole(scores: Tensor, part: Slice | None) -> Slice:
+    """``part``, or the slice holding every row of ``scores`` (one process).
 
     Example:
-        >>> from leanbatch.policies import InfoBatchPolicy
-        >>> callable(getattr(InfoBatchPolicy(), "plan_slice", None))
-        True
+        >>> import torch
+        >>> whole(torch.zeros(3), None).size
+        3
     """
-
-    def plan_slice(self, scores: Tensor, epoch: int, generator: torch.Generator, sl: Slice) -> Plan: ...
+    return Slice(scores.numel()) if part is None else part
 
 
 def pruning_epochs(num_epochs: int, delta: float) -> int:
@@ -88,7 +93,12 @@ def pruning_epochs(num_epochs: int, delta: float) -> int:
     return math.floor(delta * num_epochs + 1e-9)
 
 
-def _check_common(prune_ratio: float, num_epochs: int, delta: float) -> None:
+def check_common(prune_ratio: float, num_epochs: int, delta: float) -> None:
+    """Validate the arguments every rescaled policy shares (``ValueError`` naming the bad one).
+
+    Example:
+        >>> check_common(0.5, 8, 0.875)
+    """
     check_epochs(num_epochs, delta)
     check_ratio(
         prune_ratio,

@@ -21,11 +21,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
+from leanbatch.checks import check_epochs, check_ratio
 from leanbatch.permutation import KeyedPermutation, mix_seed
-from leanbatch.policies.base import Plan, check_epochs, check_ratio, full_plan, plan_from_keep, pruning_epochs
-from leanbatch.policies.keyed import draw_key, global_count
+from leanbatch.policies.base import plan_from_keep, pruning_epochs, whole
+from leanbatch.policies.keyed import draw_key
+from leanbatch.policies.parts import Slice, global_count
+from leanbatch.policies.plan import Plan, full_plan
 from leanbatch.policies.select import score_keys, top_mask, uniform_keys
-from leanbatch.slices import Slice
 
 if TYPE_CHECKING:
     from leanbatch.scores import ScoreTable
@@ -116,11 +118,13 @@ class RS2Policy(_Budget):
         pos = perm.inverse(sl.indices())  # backward on this rank's indices: O(N / world)
         return (pos >= lo) & (pos < hi)
 
-    def __call__(self, scores: Tensor, epoch: int, generator: torch.Generator) -> Plan:
-        return self.plan_slice(scores, epoch, generator, Slice(scores.numel()))
+    shardable = True  # plans a rank's part of the index space (``part=``)
 
-    def plan_slice(self, scores: Tensor, epoch: int, generator: torch.Generator, sl: Slice) -> Plan:
-        """The plan's part on one rank's slice (see :class:`~leanbatch.slices.Slice`)."""
+    def __call__(
+        self, scores: Tensor, epoch: int, generator: torch.Generator, part: Slice | None = None
+    ) -> Plan:
+        """The epoch's plan (``part``: the slice of the index space ``scores`` hold; default all)."""
+        sl = whole(scores, part)
         n = sl.num_samples
         k = budget_size(n, self.prune_ratio)
         if not self.prunes(epoch) or k >= n:
@@ -201,11 +205,13 @@ class EpsilonGreedyPolicy(_Budget):
         """The score each sample is ranked by (higher = kept first); never scored = +inf."""
         return torch.nan_to_num(scores, nan=float("inf"))
 
-    def __call__(self, scores: Tensor, epoch: int, generator: torch.Generator) -> Plan:
-        return self.plan_slice(scores, epoch, generator, Slice(scores.numel()))
+    shardable = True  # plans a rank's part of the index space (``part=``)
 
-    def plan_slice(self, scores: Tensor, epoch: int, generator: torch.Generator, sl: Slice) -> Plan:
-        """The plan's part on one rank's slice (see :class:`~leanbatch.slices.Slice`)."""
+    def __call__(
+        self, scores: Tensor, epoch: int, generator: torch.Generator, part: Slice | None = None
+    ) -> Plan:
+        """The epoch's plan (``part``: the slice of the index space ``scores`` hold; default all)."""
+        sl = whole(scores, part)
         n = sl.num_samples
         k = budget_size(n, self.prune_ratio)
         if not self.prunes(epoch) or k >= n:
@@ -235,7 +241,7 @@ class UCBPolicy(EpsilonGreedyPolicy):
 
     Example:
         >>> import torch
-        >>> from leanbatch.scores import ScoreTable
+        >>> from leanbatch import ScoreTable
         >>> pol = UCBPolicy(prune_ratio=0.5, num_epochs=2, epsilon=0.0, c=1.0)
         >>> table = ScoreTable(4, **pol.score_table_options())
         >>> pol.bind(table)

@@ -25,18 +25,18 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from leanbatch.checks import check_ratio
 from leanbatch.policies.base import (
-    Plan,
-    _check_common,
-    check_ratio,
-    full_plan,
+    check_common,
     keyed_drop,
     plan_from_drop,
     pruning_epochs,
     weights_where,
+    whole,
 )
-from leanbatch.policies.keyed import draw_key, global_count, global_mean
-from leanbatch.slices import Slice
+from leanbatch.policies.keyed import draw_key
+from leanbatch.policies.parts import Slice, global_count, global_mean
+from leanbatch.policies.plan import Plan, full_plan
 
 __all__ = ["InfoBatchPolicy", "RandomPolicy"]
 
@@ -57,7 +57,7 @@ class _Rescaled:
     max_drop: float = 0.9
 
     def __post_init__(self) -> None:
-        _check_common(self.prune_ratio, self.num_epochs, self.delta)
+        check_common(self.prune_ratio, self.num_epochs, self.delta)
         if self.target not in _TARGETS:
             raise ValueError(
                 f"target must be 'below' (prune_ratio is a share of the below-mean samples, the paper's "
@@ -100,7 +100,14 @@ class _Rescaled:
     def _cap(self, w: float) -> float:
         return w if self.max_weight is None else min(w, float(self.max_weight))
 
-    def _plan(self, scores: Tensor, epoch: int, generator: torch.Generator, sl: Slice, uniform: bool) -> Plan:
+    shardable = True  # plans a rank's part of the index space (``part=``)
+
+    def __call__(
+        self, scores: Tensor, epoch: int, generator: torch.Generator, part: Slice | None = None
+    ) -> Plan:
+        """The epoch's plan (``part``: the slice of the index space ``scores`` hold; default all)."""
+        sl = whole(scores, part)
+        uniform = isinstance(self, RandomPolicy)
         n = sl.num_samples
         if not self.prunes(epoch):
             return full_plan(epoch, n)
@@ -123,10 +130,6 @@ class _Rescaled:
         weights = weights_where(candidates, self._cap(w))
         del candidates
         return plan_from_drop(epoch, drop, weights, threshold, sl)
-
-    def plan_slice(self, scores: Tensor, epoch: int, generator: torch.Generator, sl: Slice) -> Plan:
-        """The plan's part on one rank's slice (``scores``: its rows); see :class:`~leanbatch.slices.Slice`."""
-        return self._plan(scores, epoch, generator, sl, uniform=isinstance(self, RandomPolicy))
 
 
 @dataclass
@@ -170,9 +173,6 @@ class InfoBatchPolicy(_Rescaled):
         [2.0, 2.0, 1.0, 1.0]
     """
 
-    def __call__(self, scores: Tensor, epoch: int, generator: torch.Generator) -> Plan:
-        return self._plan(scores, epoch, generator, Slice(scores.numel()), uniform=False)
-
 
 @dataclass
 class RandomPolicy(_Rescaled):
@@ -195,6 +195,3 @@ class RandomPolicy(_Rescaled):
         >>> round(plan.weights[0].item(), 4)   # all 4 droppable: never empty, (1 - 0.25**4) / (1 - 0.25)
         1.3281
     """
-
-    def __call__(self, scores: Tensor, epoch: int, generator: torch.Generator) -> Plan:
-        return self._plan(scores, epoch, generator, Slice(scores.numel()), uniform=True)

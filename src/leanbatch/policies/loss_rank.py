@@ -27,7 +27,8 @@ import torch
 from torch import Tensor
 
 from leanbatch.checks import check_epochs, check_fraction
-from leanbatch.policies.base import Plan, full_plan, plan_from_keep, pruning_epochs
+from leanbatch.policies.base import plan_from_keep, pruning_epochs
+from leanbatch.policies.plan import Plan, full_plan
 from leanbatch.ranking import check_pressure, loss_rank_draw, pressure_at
 
 __all__ = ["LossRankPolicy"]

@@ -9,7 +9,7 @@ one collective; the first round reads every local key, later ones only the keys 
 
 Example:
     >>> import torch
-    >>> from leanbatch.slices import Slice
+    >>> from leanbatch.policies.parts import Slice
     >>> keys = score_keys(torch.tensor([0.5, 2.0, 2.0, -1.0]), Slice(4))
     >>> top_mask(keys, 2, Slice(4)).tolist()     # 2.0 twice: both; a tie with 0.5 would go to index 0
     [False, True, True, False]
@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from leanbatch.policies.keyed import keyed_values
-from leanbatch.slices import Slice
+from leanbatch.policies.parts import Slice
 
 __all__ = ["kth_largest", "score_keys", "top_mask", "uniform_keys"]
 

@@ -36,11 +36,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from leanbatch.policies.base import Plan, check_epochs, check_ratio, full_plan, plan_from_keep, pruning_epochs
+from leanbatch.checks import check_epochs, check_ratio
+from leanbatch.policies.base import plan_from_keep, pruning_epochs, whole
 from leanbatch.policies.budget import budget_size
-from leanbatch.policies.keyed import draw_key, global_count
+from leanbatch.policies.keyed import draw_key
+from leanbatch.policies.parts import Slice, global_count
+from leanbatch.policies.plan import Plan, full_plan
 from leanbatch.policies.select import kth_largest, top_mask, uniform_keys
-from leanbatch.slices import Slice
 
 __all__ = ["SeTaPolicy", "kmeans_boundaries"]
 
@@ -185,11 +187,13 @@ class SeTaPolicy:
             return 0, self.num_groups
         return epoch % (self.num_groups - size + 1), size
 
-    def __call__(self, scores: Tensor, epoch: int, generator: torch.Generator) -> Plan:
-        return self.plan_slice(scores, epoch, generator, Slice(scores.numel()))
+    shardable = True  # plans a rank's part of the index space (``part=``)
 
-    def plan_slice(self, scores: Tensor, epoch: int, generator: torch.Generator, sl: Slice) -> Plan:
-        """The plan's part on one rank's slice (see :class:`~leanbatch.slices.Slice`)."""
+    def __call__(
+        self, scores: Tensor, epoch: int, generator: torch.Generator, part: Slice | None = None
+    ) -> Plan:
+        """The epoch's plan (``part``: the slice of the index space ``scores`` hold; default all)."""
+        sl = whole(scores, part)
         n = sl.num_samples
         k = budget_size(n, self.prune_ratio)
         start, size = self.window(epoch)

@@ -16,8 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from leanbatch.checks import check_int, check_real
-from leanbatch.scores import check_per_sample_loss
+from leanbatch.checks import check_int, check_per_sample_loss, check_real
 from leanbatch.selection.rules import Draw, Rule, resolve_generator
 
 __all__ = ["HistoryRule", "LossHistory"]

@@ -18,10 +18,9 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from leanbatch.checks import check_fraction, check_seed
+from leanbatch.checks import check_fraction, check_per_sample_loss, check_seed
 from leanbatch.ranking import check_pressure, gumbel_top_k, loss_rank_draw, pressure_at
 from leanbatch.rng import Generators, canonical_device
-from leanbatch.scores import check_per_sample_loss
 from leanbatch.selection.scoring import rankable_losses
 
 _DEFAULT = Generators()  # the draws of every call without generator=: one stream per device

@@ -47,7 +47,8 @@ import torch.distributed as dist
 from torch import Tensor
 
 from leanbatch.checks import check_choice, check_per_sample_loss
-from leanbatch.rng import Generators, is_distributed, process_rank, world_size
+from leanbatch.ranks import is_distributed, process_rank, world_size
+from leanbatch.rng import Generators
 from leanbatch.selection.rules import Draw, Rule
 
 __all__ = ["SCOPES", "Pick", "Scope", "check_scope", "check_sizes", "gather", "group_size", "pick"]

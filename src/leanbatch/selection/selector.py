@@ -147,7 +147,7 @@ class Selector:
 
         Example:
             >>> import torch, torch.nn.functional as F
-            >>> from leanbatch.selection import SelectiveBackprop
+            >>> from leanbatch import SelectiveBackprop
             >>> sb = SelectiveBackprop()  # scale_factor=0.5 needs image-like inputs
             >>> try:
             ...     sb.check((torch.randn(4, 8), torch.zeros(4, dtype=torch.long)), torch.nn.Linear(8, 2), F.cross_entropy)
@@ -287,7 +287,7 @@ class Selector:
 
         Example:
             >>> import torch, torch.nn.functional as F
-            >>> from leanbatch.selection import SelectiveBackprop
+            >>> from leanbatch import SelectiveBackprop
             >>> data = [(torch.randn(8, 4), torch.randint(0, 3, (8,))) for _ in range(4)]
             >>> sb = SelectiveBackprop(start=0.0, end=1.0, keep=0.25, scale_factor=1.0, interrupt=2)
             >>> [len(y) for x, y in sb.iterate(data, torch.nn.Linear(4, 3), F.cross_entropy, epoch=0, num_epochs=1)]
@@ -339,7 +339,7 @@ class Selector:
 
         Example:
             >>> import time
-            >>> from leanbatch.selection import SelectiveBackprop
+            >>> from leanbatch import SelectiveBackprop
             >>> sb = SelectiveBackprop()
             >>> for _ in range(2):
             ...     with sb.step_timer():
@@ -361,7 +361,7 @@ class Selector:
 
         Example:
             >>> import torch, torch.nn.functional as F
-            >>> from leanbatch.selection import SelectiveBackprop
+            >>> from leanbatch import SelectiveBackprop
             >>> a = SelectiveBackprop(keep=0.5, scale_factor=1.0, interrupt=0, seed=3)
             >>> batch, model = (torch.randn(8, 4), torch.randint(0, 3, (8,))), torch.nn.Linear(4, 3)
             >>> _ = a.select(batch, model, F.cross_entropy, progress=0.6, batch_idx=0)

@@ -2,7 +2,7 @@
 
 In a distributed run every rank stores every rank's score rows of a step (an index and a loss
 each), so that rank 0 alone holds the whole table for a checkpoint. By default that takes one
-all-gather a step (:func:`~leanbatch.rng.gather_step`), a collective of its own: on CPU with gloo
+all-gather a step (:func:`~leanbatch.distributed.collectives.gather_step`), a collective of its own: on CPU with gloo
 its fixed latency (0.5-1.4 ms measured) is a few percent of a small model's step. A
 :class:`ScoreCarrier` registered on a ``DistributedDataParallel`` model instead appends the
 step's rows to the last gradient bucket DDP all-reduces in the backward pass that follows
@@ -26,18 +26,16 @@ alone cannot finish.
 
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from leanbatch.rng import _to_comm, comm_device, gather_step, is_distributed, same_group
+from leanbatch.distributed.collectives import comm_device, gather_step, to_comm
+from leanbatch.ranks import is_distributed
 
-if TYPE_CHECKING:
-    from leanbatch.scores import ScoreTable
-
-__all__ = ["CARRIED_ROW_BYTES", "ScoreCarrier", "carry_for", "carry_if_ddp"]
+__all__ = ["CARRIED_ROW_BYTES", "ScoreCarrier", "carry_if_ddp"]
 
 _COLS = 5  # an index as its four 16-bit words (exact in float32), then the loss
 CARRIED_ROW_BYTES = 4 * _COLS  # what one carried row adds to the all-reduce, per rank
@@ -67,9 +65,9 @@ class ScoreCarrier:
     """Carries score rows inside a ``DistributedDataParallel`` model's gradient all-reduce.
 
     Built on the model (it registers DDP's communication hook, so the model must have none yet,
-    and must not have run a backward); then hand it to a score table, usually through
-    :meth:`~leanbatch.InfoBatch.carry_scores`. Every rank must post the same number of rows a
-    step (as the all-gather it replaces needs).
+    and must not have run a backward), usually by :meth:`~leanbatch.InfoBatch.carry_scores`
+    (:meth:`.exchange.ScoreExchange.carry`). Every rank must post the same number of rows a step
+    (as the all-gather it replaces needs).
 
     Example (a process group of one; the rows still ride the all-reduce):
         >>> import os, torch, torch.distributed as dist
@@ -178,7 +176,7 @@ class ScoreCarrier:
 def _encode(indices: Tensor, losses: Tensor, device: torch.device) -> Tensor:
     """Rows as ``(rows, 5)`` float32 on ``device``, flattened: an index's four 16-bit words (read in
     place as int16, each exact in float32), then the loss."""
-    words = _to_comm(indices, device).long().contiguous().view(torch.int16).view(-1, 4)
+    words = to_comm(indices, device).long().contiguous().view(torch.int16).view(-1, 4)
     loss = losses.to(device, torch.float32, non_blocking=True).view(-1, 1)
     return torch.cat([words.to(torch.float32), loss], 1).view(-1)
 
@@ -188,35 +186,6 @@ def _decode(block: Tensor) -> tuple[Tensor, Tensor]:
     float32 losses."""
     rows = block.reshape(-1, _COLS)
     return rows[:, :4].to(torch.int16).view(torch.int64).view(-1), rows[:, 4]
-
-
-def carry_for(table: "ScoreTable", model: Any, group: Any = None) -> ScoreCarrier:
-    """A :class:`ScoreCarrier` on ``model`` that ``table`` sends its rows with (what
-    :meth:`~leanbatch.InfoBatch.carry_scores` does); ``ValueError`` when the model all-reduces over
-    another process group than ``group`` (``None``: the default one), checked before any hook.
-    Once per model: called again with the model the table already carries with (a second fit on
-    the same wrapper), the same carrier.
-
-    Example:
-        >>> from leanbatch.scores import ScoreTable
-        >>> import torch
-        >>> try:
-        ...     carry_for(ScoreTable(4), torch.nn.Linear(1, 1))
-        ... except TypeError as e:
-        ...     print(type(e).__name__)
-        TypeError
-    """
-    if table.carrier is not None and table.carrier.model is model:
-        return table.carrier  # DDP takes one comm hook: it is already ours
-    own = getattr(model, "process_group", None)
-    if own is not None and not same_group(own, group):
-        raise ValueError(
-            "model all-reduces over another process group than the scores' process_group: build both "
-            "on the same group"
-        )
-    carrier = ScoreCarrier(model)
-    table.send_with(carrier)
-    return carrier
 
 
 def carry_if_ddp(ds: Any, model: Any) -> ScoreCarrier | None:

@@ -29,7 +29,7 @@ __all__ = ["SimulatedWorld"]
 
 
 class _RankComm:
-    """Rank ``rank``'s view of a :class:`SimulatedWorld`: the :class:`~leanbatch.slices.Comm` collectives."""
+    """Rank ``rank``'s view of a :class:`SimulatedWorld`: the :class:`~leanbatch.policies.parts.Comm` collectives."""
 
     def __init__(self, world: SimulatedWorld, rank: int):
         self.world, self.rank = world, rank

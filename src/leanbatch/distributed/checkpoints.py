@@ -27,17 +27,18 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from leanbatch.checks import require
-from leanbatch.policies.plan import Plan, ShardInfo
-from leanbatch.slices import slice_size
+from leanbatch.distributed.shards import ShardedPlan, ShardedScores
+from leanbatch.policies.parts import slice_size
+from leanbatch.policies.plan import Plan
 
-__all__ = ["gather_states", "shard_state"]
+__all__ = ["gather_states", "own_part", "shard_state"]
 
 
 def _parts(state: Any) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -136,10 +137,34 @@ def shard_state(state: dict[str, Any], world: int, rank: int, drop_last: bool = 
     return {"version": 2, "scores": out, "sampler": mine}
 
 
-def _rank_plan(sampler: dict[str, Any], n: int) -> Plan:
+def own_part(state: Mapping[str, Any], table: ShardedScores, drop_last: bool = False) -> dict[str, Any]:
+    """``state`` for ``table``'s rank: cut out of an unsharded (or gathered) InfoBatch state
+    (:func:`shard_state`), or ``state`` itself when it is one rank's already.
+
+    Example:
+        >>> import torch
+        >>> from torch.utils.data import TensorDataset
+        >>> from leanbatch import InfoBatch
+        >>> whole = InfoBatch(TensorDataset(torch.arange(4.0)), 2).state_dict()
+        >>> own_part(whole, ShardedScores(4, world=2, rank=1))["scores"]["rank"]
+        1
+    """
+    plan = state["sampler"].get("plan") if isinstance(state["sampler"], dict) else None
+    if "world" in state["scores"] or (isinstance(plan, dict) and plan.get("shard") is not None):
+        return dict(state)  # one rank's state: it loads (or is refused) as it is
+    require(state["scores"], ("num_samples",), "state_dict['scores']")
+    if state["scores"]["num_samples"] != table.num_samples:
+        raise ValueError(
+            f"state_dict is for a dataset of {state['scores']['num_samples']} samples, this wrapper "
+            f"holds {table.num_samples}: load a checkpoint made with the same dataset"
+        )
+    return shard_state(dict(state), table.slice.world, table.slice.rank, drop_last)
+
+
+def _rank_plan(sampler: dict[str, Any], n: int) -> ShardedPlan:
     if sampler.get("plan") is None:
         raise ValueError("a rank's state mid-epoch has no plan while another rank's has one")
-    return Plan.from_state(sampler["plan"], n, "state_dict['sampler']['plan']")
+    return ShardedPlan.from_state(sampler["plan"], n, "state_dict['sampler']['plan']")
 
 
 def _interleave(parts: list[Tensor], n: int) -> Tensor:
@@ -159,12 +184,11 @@ def _untrained(plan: Plan, seed: int, position: int) -> tuple[Tensor, int]:
     listed = plan.kept if plan.kept is not None else _all_of(plan)
     listed = listed.to(torch.int64)
     count = listed.numel()
-    served = min(count, position if plan.shard is None else position // plan.shard.world)
+    world, rank = (plan.world, plan.rank) if isinstance(plan, ShardedPlan) else (1, 0)
+    served = min(count, position // world)
     if served == 0:
         return listed, 0
-    positions = torch.arange(served, dtype=torch.int64)
-    if plan.shard is not None:  # rank r's k-th sample sits at position k * world + r
-        positions = positions * plan.shard.world + plan.shard.rank
+    positions = torch.arange(served, dtype=torch.int64) * world + rank  # rank r's k-th sample
     trained = plan.serve(seed, positions)
     left = torch.ones(count, dtype=torch.bool)
     left[torch.searchsorted(listed, trained)] = False
@@ -172,20 +196,19 @@ def _untrained(plan: Plan, seed: int, position: int) -> tuple[Tensor, int]:
 
 
 def _all_of(plan: Plan) -> Tensor:
-    if plan.shard is None:
+    if not isinstance(plan, ShardedPlan):
         return torch.arange(plan.num_samples)
-    size = slice_size(plan.num_samples, plan.shard.world, plan.shard.rank)
-    return torch.arange(size) * plan.shard.world + plan.shard.rank
+    return torch.arange(slice_size(plan.num_samples, plan.world, plan.rank)) * plan.world + plan.rank
 
 
-def _cut(plan: Plan, rest: Tensor, done: int, world: int, rank: int, drop_last: bool) -> Plan:
+def _cut(plan: Plan, rest: Tensor, done: int, world: int, rank: int, drop_last: bool) -> ShardedPlan:
     """Rank ``rank``'s continuation plan: its own samples of ``rest``, every rank's counts."""
     owner = rest % world
     counts = tuple(int(c) for c in torch.bincount(owner, minlength=world))
     length = min(counts) if drop_last else max(counts)
     kept = rest[owner == rank].to(torch.int32 if plan.num_samples < 2**31 else torch.int64)
     weights = None if plan.weights is None else plan.weights[rank::world].clone()
-    return Plan(
+    return ShardedPlan(
         plan.epoch,
         plan.num_samples,
         kept,
@@ -193,7 +216,10 @@ def _cut(plan: Plan, rest: Tensor, done: int, world: int, rank: int, drop_last: 
         plan.threshold,
         plan.pruning,
         done,
-        ShardInfo(world, rank, counts, length),
+        world=world,
+        rank=rank,
+        counts=counts,
+        length=length,
     )
 
 

@@ -1,0 +1,290 @@
+"""Sharded scores and plans (``shard_scores=True``): each rank holds its own slice of the index space.
+
+With ``W`` ranks, rank ``r`` owns the dataset indices ``i % W == r`` (a
+:class:`~leanbatch.policies.parts.Slice`): :class:`ShardedScores` holds their scores (local row
+``j`` is index ``r + j * W``; indices stay global everywhere else, and a row of another rank is
+not stored), and :class:`ShardedPlan` the kept indices it owns and their weights. Planning is the
+one wrapper :func:`plan_shard` around a shardable policy (``policy.shardable``, planned with
+``part=`` its slice and that slice's collectives): the plan is the unsharded plan's part on the
+slice. Each rank serves its own kept list in a keyed order, every rank padded (or truncated) to
+one length: its ``k``-th sample sits at position ``k * world + rank`` of the epoch's order, so
+the sampler's arithmetic is the same as unsharded.
+
+Example:
+    >>> import torch
+    >>> from leanbatch import InfoBatchPolicy
+    >>> from leanbatch.policies.parts import LOCAL
+    >>> table = ShardedScores(10, world=2, rank=1)
+    >>> table.update(torch.tensor([1, 3, 5]), torch.tensor([0.1, 0.2, 9.0]))
+    >>> plan = plan_shard(InfoBatchPolicy(0.5, 2), table, 0, torch.Generator().manual_seed(0), LOCAL, False)
+    >>> table.values.shape, plan.counts, plan.threshold is not None
+    (torch.Size([5]), (4,), True)
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from leanbatch.permutation import KeyedPermutation, mix_seed
+from leanbatch.policies.base import Policy
+from leanbatch.policies.parts import Comm, Slice, slice_size
+from leanbatch.policies.plan import Plan, plan_fields
+from leanbatch.ranks import initialized, process_rank, world_size
+from leanbatch.scores import ScoreTable
+
+__all__ = ["ShardedPlan", "ShardedScores", "check_shardable", "plan_shard", "shard_of"]
+
+
+def shard_of(num_samples: int, num_replicas: int | None, rank: int | None, group: Any) -> tuple[int, int]:
+    """``(world, rank)`` of a sharded score table, known when it is built (``shard_scores=True``).
+
+    Example:
+        >>> shard_of(10, 2, 1, None)
+        (2, 1)
+    """
+    if num_replicas is None and not initialized():
+        raise ValueError(
+            "shard_scores=True builds each rank's slice of the scores when the wrapper is built: call "
+            "torch.distributed.init_process_group() first, or pass num_replicas= and rank="
+        )
+    world = world_size(group) if num_replicas is None else num_replicas
+    r = process_rank(group) if rank is None else rank
+    if not 0 <= r < world:
+        raise ValueError(f"rank must be in [0, num_replicas={world}), got {r!r}")
+    if num_samples < world:
+        raise ValueError(
+            f"shard_scores=True with {world} ranks needs at least {world} samples (one per rank), got {num_samples}"
+        )
+    return world, r
+
+
+class ShardedScores(ScoreTable):
+    """The score table of one rank's slice: the indices ``i % world == rank`` of ``num_samples``.
+
+    :attr:`values` holds the slice (local row ``j`` is index ``rank + j * world``); every method
+    takes global indices, and a write to an index another rank owns goes to the spare slot (no
+    host sync), so every rank can store every rank's gathered rows. The state adds ``world`` and
+    ``rank`` and loads only into the same rank of the same world (:mod:`.checkpoints` re-shards).
+
+    Example:
+        >>> import torch
+        >>> t = ShardedScores(5, world=2, rank=1)
+        >>> t.update(torch.tensor([1, 2, 3]), torch.tensor([1.0, 2.0, 3.0]))   # 2 is rank 0's
+        >>> t.values.tolist(), t.get(torch.tensor([3])).tolist()
+        ([1.0, 3.0], [3.0])
+    """
+
+    def __init__(
+        self,
+        num_samples: int,
+        world: int,
+        rank: int,
+        device: torch.device | str | None = None,
+        ema: float | None = None,
+        variance: bool = False,
+    ):
+        self.slice = Slice(num_samples, world, rank)  # the rows this table holds
+        super().__init__(num_samples, device, ema, variance)
+
+    @property
+    def rows(self) -> int:
+        """Rows of this rank's slice."""
+        return self.slice.size
+
+    def _slots(self, idx: Tensor, finite: Tensor) -> Tensor:
+        w = self.slice.world
+        mine = finite & (idx % w == self.slice.rank) & (idx < self.num_samples)
+        return torch.where(mine, torch.div(idx, w, rounding_mode="floor"), self.rows)
+
+    def local_rows(self, indices: Tensor) -> Tensor:
+        """Local rows of global ``indices`` this rank owns (``i // world``; ownership not checked)."""
+        return self.slice.local_rows(indices)
+
+    def check_owned(self, indices: Tensor) -> None:
+        """Raise unless every index is one this rank owns (asynchronous on CUDA: a device-side assert)."""
+        sl = self.slice
+        msg = (
+            f"with shard_scores=True rank {sl.rank} of {sl.world} trains the indices i % {sl.world} == "
+            f"{sl.rank} (those its sampler serves): these indices are another rank's"
+        )
+        if indices.device.type == "cpu":
+            if indices.numel() and not bool(sl.owns(indices).all()):
+                self.check_indices(indices)
+                raise IndexError(msg)
+        else:
+            torch._assert_async(sl.owns(indices).all(), msg)
+
+    def get(self, indices: Tensor) -> Tensor:
+        """Scores of global ``indices``, each of which this rank must own."""
+        idx = self._index(indices)
+        self.check_indices(idx)
+        if idx.device.type == "cpu" and not bool(self.slice.owns(idx).all()):
+            raise IndexError(f"indices of another rank: this table holds those of rank {self.slice.rank}")
+        return self.values[self.local_rows(idx)]
+
+    def state_dict(self) -> dict[str, Any]:
+        """The table's state, with ``world`` and ``rank``."""
+        return dict(super().state_dict(), world=self.slice.world, rank=self.slice.rank)
+
+    def _check_state(self, state: Any) -> dict[str, Any]:
+        where = (state.get("world", 1), state.get("rank", 0)) if isinstance(state, dict) else None
+        if where is not None and where != (self.slice.world, self.slice.rank):
+            raise ValueError(
+                f"state_dict holds the scores of rank {where[1]} of {where[0]}, this table is rank "
+                f"{self.slice.rank} of {self.slice.world}: gather the shards with "
+                "leanbatch.distributed.gather_states and re-shard them with leanbatch.distributed.shard_state"
+            )
+        return super()._check_state({k: v for k, v in state.items() if k not in ("world", "rank")})
+
+
+@dataclass(frozen=True)
+class ShardedPlan(Plan):
+    """One rank's part of an epoch's plan: the kept indices it owns, the weights of its rows.
+
+    Attributes (besides :class:`~leanbatch.Plan`'s): ``world``, ``rank``, ``counts`` (every rank's
+    kept count) and ``length`` (the samples each rank serves: the largest count; the smallest with
+    ``drop_last``). ``kept`` ``None`` means every index this rank owns; ``weights`` has one entry
+    per local row.
+
+    Example:
+        >>> p = ShardedPlan(0, 10, None, None, None, False, world=2, rank=0, counts=(5, 5), length=5)
+        >>> p.num_kept, p.order_length, p.kept_before(4)
+        (10, 10, 4)
+    """
+
+    world: int = 1
+    rank: int = 0
+    counts: tuple[int, ...] = ()
+    length: int = 0
+    _prefix: tuple[tuple[int, ...], list[int]] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        ordered = tuple(sorted(self.counts))
+        prefix = [0]
+        for c in ordered:
+            prefix.append(prefix[-1] + c)
+        object.__setattr__(self, "_prefix", (ordered, prefix))  # kept_before runs every step
+
+    @property
+    def num_listed(self) -> int:
+        """Kept samples in this rank's list."""
+        return (
+            slice_size(self.num_samples, self.world, self.rank)
+            if self.kept is None
+            else int(self.kept.numel())
+        )
+
+    @property
+    def num_kept(self) -> int:
+        """Kept samples over every rank (and those trained before a continuation plan)."""
+        return self.done + sum(self.counts)
+
+    @property
+    def order_length(self) -> int:
+        """Positions of the epoch's order: ``world x length``."""
+        return self.world * self.length
+
+    def kept_before(self, position: int) -> int:
+        """Kept samples trained over every rank once the order stands at ``position``."""
+        step = min(position, self.order_length) // self.world  # each rank's samples served
+        ordered, prefix = self._prefix
+        below = bisect.bisect_left(ordered, step)  # ranks with fewer than `step` kept
+        return self.done + prefix[below] + step * (len(ordered) - below)
+
+    def inside(self, origin: int, rank: int, world: int) -> int:
+        """Positions ``origin + rank + k * world`` that hold a kept sample of ``rank``, not padding."""
+        return max(0, self.counts[rank] - origin // world)
+
+    def local_rows(self, indices: Tensor) -> Tensor:
+        """Local rows (``i // world``) of indices this rank owns."""
+        return indices if self.world == 1 else torch.div(indices, self.world, rounding_mode="floor")
+
+    def serve(self, seed: int, positions: Tensor) -> Tensor:
+        """The dataset indices at ``positions`` of the order: this rank's own list, keyed, wrapping."""
+        w, r, n = self.world, self.rank, self.num_listed
+        k = torch.div(positions, w, rounding_mode="floor")
+        if n == 0:  # nothing of this rank's kept: its padding repeats its first own sample
+            return torch.full_like(k, r)
+        local = KeyedPermutation(n, mix_seed(seed, self.epoch, 1, w, r))(k % n)
+        return local * w + r if self.kept is None else self.kept[local].to(torch.int64)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The plan's state, with ``shard`` (world, rank, counts, length)."""
+        shard = {"world": self.world, "rank": self.rank, "counts": list(self.counts), "length": self.length}
+        return dict(super().state_dict(), shard=shard)
+
+    @classmethod
+    def from_state(cls, state: Any, num_samples: int, name: str = "plan") -> ShardedPlan:
+        """A sharded plan from :meth:`state_dict`, validated (``ValueError`` naming the wrong key)."""
+        shard = state.get("shard") if isinstance(state, dict) else None
+        ok = isinstance(shard, dict) and all(k in shard for k in ("world", "rank", "counts", "length"))
+        if ok and isinstance(shard, dict):
+            world, rank, counts, length = shard["world"], shard["rank"], shard["counts"], shard["length"]
+            ints = [world, rank, length, *counts] if isinstance(counts, (list, tuple)) else []
+            ok = bool(ints) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in ints)
+            ok = ok and world >= 1 and rank < world and len(counts) == world
+            ok = ok and all(c <= slice_size(num_samples, world, r) for r, c in enumerate(counts))
+        if not ok:
+            raise ValueError(
+                f"{name}['shard'] must be a dict of world, rank, counts (one per rank) and length"
+            )
+        rows = slice_size(num_samples, world, rank)
+        fields = plan_fields(state, num_samples, name, rows, (world, rank))
+        plan = cls(**fields, world=world, rank=rank, counts=tuple(counts), length=length)
+        if plan.num_listed != counts[rank]:
+            raise ValueError(
+                f"{name}['shard'] counts {counts[rank]} kept on this rank, its list holds {plan.num_listed}"
+            )
+        if plan.num_kept > num_samples:
+            raise ValueError(f"{name} keeps {plan.num_kept} samples of {num_samples}")
+        return plan
+
+
+def check_shardable(policy: Any) -> None:
+    """Refuse ``shard_scores=True`` with a policy that cannot plan one rank's slice.
+
+    Example:
+        >>> from leanbatch import RS2Policy
+        >>> check_shardable(RS2Policy(0.3, 2))
+    """
+    if not getattr(policy, "shardable", False):
+        raise ValueError(
+            f"shard_scores=True plans each rank's slice of the index space, which {type(policy).__name__} "
+            "cannot do (it is not shardable; LossRankPolicy needs every score in one place to rank them): "
+            "use InfoBatchPolicy, RandomPolicy, RS2Policy, EpsilonGreedyPolicy, UCBPolicy or SeTaPolicy, "
+            "or leave shard_scores off"
+        )
+
+
+def plan_shard(
+    policy: Policy, table: ShardedScores, epoch: int, generator: torch.Generator, comm: Comm, drop_last: bool
+) -> ShardedPlan:
+    """This rank's part of the epoch's plan, and every rank's kept count (one gather through ``comm``).
+
+    ``policy`` plans the table's slice (``part=``), its global statistics combined through
+    ``comm`` (every rank calls this together); the shard length is the largest kept count (the
+    smallest with ``drop_last``).
+    """
+    sl = Slice(table.num_samples, table.slice.world, table.slice.rank, comm)
+    plan = policy(table.values, epoch, generator, part=sl)  # type: ignore[call-arg]
+    mine = sl.size if plan.kept is None else int(plan.kept.numel())
+    counts = tuple(int(c) for c in comm.gather(torch.tensor([mine], dtype=torch.int64))[:, 0])
+    length = min(counts) if drop_last else max(counts)
+    return ShardedPlan(
+        plan.epoch,
+        plan.num_samples,
+        plan.kept,
+        plan.weights,
+        plan.threshold,
+        plan.pruning,
+        plan.done,
+        world=sl.world,
+        rank=sl.rank,
+        counts=counts,
+        length=length,
+    )

@@ -1,0 +1,303 @@
+"""An epoch's plan, made and saved: what the sampler does once per epoch, not per step.
+
+- :func:`plan_epoch` makes epoch ``e``'s plan from the score table, with a ``torch.Generator``
+  seeded from ``(seed, e)``: through the policy in one process, or through
+  :func:`~leanbatch.distributed.shards.plan_shard` for one rank's slice; and the epoch's
+  statistics (kept, pruned, threshold, padding). It runs no collective of its own: the sampler
+  merges the ranks' scores where every rank is at the same point, so planning is a local,
+  deterministic function of the merged table.
+- :func:`check_agreement` refuses to plan from scores the other ranks never saw.
+- :func:`read_state` reads a saved run back (epoch, global position, the epoch's plan, the
+  statistics, the seed), checking every key before anything changes: a checkpoint is data
+  from outside, and a wrong one must fail with the key that is wrong.
+
+Example:
+    >>> import torch
+    >>> from leanbatch import InfoBatchPolicy, ScoreTable
+    >>> table = ScoreTable(4)
+    >>> table.update(torch.arange(4), torch.tensor([0.1, 0.2, 3.0, 4.0]))
+    >>> plan, stats = plan_epoch(InfoBatchPolicy(0.5, num_epochs=2, delta=1.0), table, 0, seed=0, world=1, rank=0)
+    >>> plan.weights.tolist(), stats["kept"] == plan.num_kept, stats["padded"]
+    ([2.0, 2.0, 1.0, 1.0], True, 0)
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from leanbatch.checks import check_bool, check_int, require
+from leanbatch.distributed.collectives import DistComm
+from leanbatch.distributed.shards import ShardedPlan, ShardedScores, check_shardable, plan_shard
+from leanbatch.permutation import mix_seed
+from leanbatch.policies.base import Policy
+from leanbatch.policies.parts import Comm
+from leanbatch.policies.plan import Plan
+from leanbatch.ranks import initialized, is_distributed, world_size
+from leanbatch.scores import ScoreTable
+
+__all__ = ["check_agreement", "check_layout", "local_length", "plan_epoch", "read_state", "warn_past_end"]
+
+
+def local_length(kept: int, start: int, world: int, round_size: int = 1, drop_last: bool = False) -> int:
+    """Samples one rank serves of the positions ``start .. kept - 1`` of an epoch's order, in whole
+    rounds of ``world * round_size`` (padded, or with ``drop_last`` truncated): equal on every rank.
+
+    Example:
+        >>> local_length(7, 0, world=3), local_length(7, 0, world=3, drop_last=True)
+        (3, 2)
+    """
+    unit = world * round_size
+    left = max(0, kept - start)
+    return (left // unit if drop_last else math.ceil(left / unit)) * round_size
+
+
+def plan_epoch(
+    policy: Policy,
+    scores: ScoreTable,
+    epoch: int,
+    seed: int,
+    world: int,
+    rank: int,
+    *,
+    round_size: int = 1,
+    drop_last: bool = False,
+    comm: Comm | None = None,
+    group: Any = None,
+) -> tuple[Plan, dict[str, Any]]:
+    """Epoch ``epoch``'s plan and its statistics (see the module docstring).
+
+    A :class:`~leanbatch.distributed.ShardedScores` table plans this rank's slice (``comm``: the
+    collectives, default ``torch.distributed`` over ``group``).
+    """
+    generator = torch.Generator().manual_seed(mix_seed(seed, epoch, 0))
+    if isinstance(scores, ShardedScores):
+        plan: Plan = _plan_shard(policy, scores, epoch, generator, world, rank, comm, group, drop_last)
+        assert isinstance(plan, ShardedPlan)
+        length = local_length(plan.order_length, 0, world, round_size, drop_last)
+        padded = sum(max(0, length - c) for c in plan.counts)
+        dropped = sum(max(0, c - length) for c in plan.counts)
+    else:
+        plan = policy(scores.values, epoch, generator)
+        total = local_length(plan.num_kept, 0, world, round_size, drop_last) * world
+        padded, dropped = max(0, total - plan.num_kept), max(0, plan.num_kept - total)
+    if plan.num_kept < 1:
+        raise RuntimeError(f"the policy planned an empty epoch {epoch}: a Policy must keep >= 1 sample")
+    stats = {
+        "epoch": epoch,
+        "num_samples": plan.num_samples,
+        "kept": plan.num_kept,
+        "pruned": plan.num_pruned,
+        "threshold": plan.threshold,
+        "pruning": plan.pruning,
+        "padded": padded,
+        "dropped": dropped,
+        "nonfinite_so_far": int(scores.nonfinite_count),
+    }
+    return plan, stats
+
+
+def _plan_shard(
+    policy: Policy,
+    table: ShardedScores,
+    epoch: int,
+    generator: torch.Generator,
+    world: int,
+    rank: int,
+    comm: Comm | None,
+    group: Any,
+    drop_last: bool,
+) -> ShardedPlan:
+    if (table.slice.world, table.slice.rank) != (world, rank):
+        raise ValueError(
+            f"the score table holds the rows of rank {table.slice.rank} of {table.slice.world} but this "
+            f"process is rank {rank} of {world}: build it (or InfoBatch(shard_scores=True)) with this "
+            "rank's world and rank"
+        )
+    if comm is None and world > 1 and not is_distributed(group):
+        raise RuntimeError(
+            f"shard_scores=True with {world} ranks plans through collectives: call "
+            "torch.distributed.init_process_group() before training"
+        )
+    return plan_shard(policy, table, epoch, generator, DistComm(group) if comm is None else comm, drop_last)
+
+
+def check_agreement(world: int, shard: bool, group: Any, stored: bool, unmerged: bool = False) -> None:
+    """Refuse to plan from scores the other ranks never saw (shards would overlap or miss samples):
+    a world that is not the process group's; scores ``stored`` by this rank since the ranks last
+    agreed, with several replicas and no process group to merge them; or trained steps whose
+    scores are ``unmerged`` yet in a distributed run.
+
+    Example:
+        >>> check_agreement(world=1, shard=True, group=None, stored=True)   # one process: fine
+    """
+    if unmerged and is_distributed(group):
+        raise RuntimeError(
+            "the scores trained since the last merge are not merged with the other ranks' yet, so "
+            "this rank would plan a different epoch: call set_epoch(epoch) on every rank at the start "
+            "of each epoch (as with DistributedSampler), which merges them"
+        )
+    if shard and initialized() and world != world_size(group):
+        raise ValueError(
+            f"num_replicas={world} but the process group has {world_size(group)} processes: "
+            "every rank must plan from the same merged scores; leave num_replicas/rank unset to "
+            "read them from the group, or pass process_group= (the data-parallel group)"
+        )
+    if world > 1 and not is_distributed(group) and stored:
+        raise RuntimeError(
+            f"num_replicas={world} but torch.distributed is not initialised, so the scores "
+            "this rank stored cannot be merged with the other ranks' before planning (each rank would "
+            "plan a different epoch and the shards would overlap or miss samples): call "
+            "torch.distributed.init_process_group() before training, or drop num_replicas/rank"
+        )
+
+
+def warn_past_end(num_epochs: int, epoch: int) -> None:
+    """Warn that ``epoch`` is past the run's ``num_epochs`` (it serves nothing).
+
+    Example:
+        >>> import warnings
+        >>> with warnings.catch_warnings(record=True) as w:
+        ...     warnings.simplefilter("always"); warn_past_end(2, 2)
+        >>> "all 2 epochs" in str(w[0].message)
+        True
+    """
+    warnings.warn(
+        f"all {num_epochs} epochs (num_epochs={num_epochs}) are trained: epoch {epoch} serves nothing "
+        "(training on would run at progress 1.0, where a ProgressLR schedule is at its end); build the "
+        "wrapper with num_epochs= the number of epochs you train",
+        RuntimeWarning,
+        stacklevel=4,
+    )
+
+
+def check_layout(
+    num_replicas: Any, rank: Any, shard: Any, drop_last: Any, shard_scores: Any, scores: Any, policy: Any
+) -> None:
+    """The sampler's data-parallel arguments, checked (``ValueError``/``TypeError`` naming the wrong one).
+
+    Example:
+        >>> from leanbatch import RandomPolicy, ScoreTable
+        >>> try:
+        ...     check_layout(2, 2, True, False, False, ScoreTable(4), RandomPolicy())
+        ... except ValueError as e:
+        ...     print(e)
+        rank must be in [0, num_replicas=2), got 2
+    """
+    if num_replicas is not None:
+        try:
+            check_int(num_replicas, "num_replicas", 1)
+        except TypeError as e:
+            raise ValueError(str(e)) from None
+    if rank is not None:
+        bad = isinstance(rank, bool) or not isinstance(rank, int) or rank < 0
+        if bad or (num_replicas is not None and rank >= num_replicas):
+            raise ValueError(f"rank must be in [0, num_replicas={num_replicas}), got {rank!r}")
+    check_bool(shard, "shard")
+    check_bool(drop_last, "drop_last")
+    check_bool(shard_scores, "shard_scores")
+    if shard_scores and not shard:
+        raise ValueError(
+            "shard_scores=True has each rank serve the samples it owns, so it needs shard=True: "
+            "a framework that shards the batches of one global order (shard=False) cannot use it"
+        )
+    if not shard and (num_replicas not in (None, 1) or rank not in (None, 0)):
+        raise ValueError(
+            "shard=False serves the whole plan on every process (the framework shards the batches), "
+            f"so num_replicas/rank do not apply: got num_replicas={num_replicas!r}, rank={rank!r}"
+        )
+    if shard_scores:
+        check_shardable(policy)
+        if not isinstance(scores, ShardedScores):
+            raise ValueError("shard_scores=True plans one rank's slice: the scores must be a ShardedScores")
+    elif isinstance(scores, ShardedScores):
+        raise ValueError(
+            "this score table holds one rank's slice (ShardedScores): pass shard_scores=True to the sampler"
+        )
+
+
+def read_state(
+    state: Any, num_samples: int, shard: tuple[int, int] | None
+) -> tuple[int, int, Plan | None, list[dict[str, Any]], int]:
+    """``(epoch, global position, plan, epoch statistics, seed)`` of a sampler's saved state, validated.
+
+    ``shard``: ``(world, rank)`` of a sampler with sharded scores, whose saved plan must be that
+    rank's part (``None``: an unsharded sampler, which loads unsharded plans only).
+
+    Example:
+        >>> state = {"version": 2, "seed": 0, "num_samples": 8, "epoch": 1, "position": 0, "finished": False,
+        ...          "world": 1, "plan": None, "epoch_stats": []}
+        >>> read_state(state, 8, None)[:2]
+        (1, 0)
+        >>> try:
+        ...     read_state({**state, "epoch": -1}, 8, None)
+        ... except ValueError as e:
+        ...     print(e)
+        state_dict['epoch'] must be an int >= 0, got -1
+    """
+    keys = ("version", "seed", "num_samples", "epoch", "position", "finished", "plan", "epoch_stats")
+    state = require(state, keys, "state_dict")
+    if state["version"] != 2:
+        raise ValueError(f"state_dict has version {state['version']!r}; this leanbatch reads version 2")
+    if state["num_samples"] != num_samples:
+        raise ValueError(
+            f"state_dict is for a dataset of {state['num_samples']} samples, this sampler serves "
+            f"{num_samples}: load a checkpoint made with the same dataset"
+        )
+    seed = state["seed"]
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"state_dict['seed'] must be an int, got {seed!r}")
+    epoch = _count(state, "epoch")
+    if not isinstance(state["finished"], bool):
+        raise ValueError(f"state_dict['finished'] must be a bool, got {state['finished']!r}")
+    if state["finished"]:
+        epoch, trained, plan = epoch + 1, 0, None
+    else:
+        trained, plan = _count(state, "position"), _saved_plan(state["plan"], num_samples, shard)
+    if plan is not None and plan.epoch != epoch:
+        raise ValueError(f"state_dict['plan'] is epoch {plan.epoch}'s but the position is in epoch {epoch}")
+    if trained and plan is None:
+        raise ValueError(
+            f"state_dict['plan'] is missing for a position inside epoch {epoch} ({trained} trained)"
+        )
+    if plan is not None and trained > plan.order_length:
+        raise ValueError(
+            f"state_dict position {trained} is past the end of epoch {epoch}, whose plan keeps {plan.order_length}"
+        )
+    stats = state["epoch_stats"]
+    if not isinstance(stats, list) or not all(isinstance(s, Mapping) and "epoch" in s for s in stats):
+        raise ValueError("state_dict['epoch_stats'] must be a list of per-epoch dicts")
+    return epoch, trained, plan, [dict(s) for s in stats], seed
+
+
+def _saved_plan(saved: Any, n: int, shard: tuple[int, int] | None) -> Plan | None:
+    """A saved plan, validated; a sharded plan loads only into the same rank of the same world."""
+    if saved is None:
+        return None
+    name = "state_dict['plan']"
+    if shard is None:
+        return Plan.from_state(saved, n, name)
+    if not (isinstance(saved, dict) and saved.get("shard") is not None):
+        raise ValueError(
+            "state_dict['plan'] is unsharded but this sampler shards its scores: cut this rank's state out "
+            "with leanbatch.distributed.shard_state (InfoBatch(shard_scores=True).load_state_dict does it)"
+        )
+    plan = ShardedPlan.from_state(saved, n, name)
+    if (plan.world, plan.rank) != shard:
+        raise ValueError(
+            f"state_dict['plan'] is the plan of rank {plan.rank} of {plan.world} (shard_scores=True), this "
+            f"sampler is rank {shard[1]} of {shard[0]}: gather the ranks' states with "
+            "leanbatch.distributed.gather_states (and re-shard them with shard_state)"
+        )
+    return plan
+
+
+def _count(state: Mapping[str, Any], key: str) -> int:
+    v = state[key]
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError(f"state_dict[{key!r}] must be an int >= 0, got {v!r}")
+    return v
