@@ -263,7 +263,7 @@ def test_indices_of_part_of_the_batch_are_refused_on_every_rank_before_the_gathe
     the fix instead, before anything changes, and positions= then trains the same rows."""
     runs = run_ranks(_subset_worker)
     for rank, run in enumerate(runs):
-        assert f"indices has {2 + rank} entries but the batches of this epoch have 4" in run["error"]
+        assert f"indices has {2 + rank} entries but the batch it trains has 4" in run["error"]
         assert "positions=rows" in run["error"] and run["untouched"] == (0, 0)
     assert torch.equal(runs[0]["scores"].nan_to_num(-1), runs[1]["scores"].nan_to_num(-1))
     trained = torch.cat([runs[0]["idx"][:2], runs[1]["idx"][:3]])

@@ -227,7 +227,7 @@ def test_implicit_update_detects_misaligned_losses():
     x, _ = next(it)
     ds.update(fake_loss(x))
     x, _ = next(it)
-    with pytest.raises(ValueError, match="batches of this epoch have 10"):
+    with pytest.raises(ValueError, match="the batch it trains has 10"):
         ds.update(fake_loss(x)[:7])  # someone filtered the batch
     ds2 = InfoBatch(index_data(), 2)
     loader2 = DataLoader(ds2, batch_size=10, sampler=ds2.sampler)

@@ -40,7 +40,15 @@ from leanbatch.policies.plan import Plan
 from leanbatch.ranks import initialized, is_distributed, world_size
 from leanbatch.scores import ScoreTable
 
-__all__ = ["check_agreement", "check_layout", "local_length", "plan_epoch", "read_state", "warn_past_end"]
+__all__ = [
+    "check_agreement",
+    "check_layout",
+    "local_length",
+    "plan_epoch",
+    "read_state",
+    "warn_past_end",
+    "warn_skipped",
+]
 
 
 def local_length(kept: int, start: int, world: int, round_size: int = 1, drop_last: bool = False) -> int:
@@ -172,6 +180,17 @@ def warn_past_end(num_epochs: int, epoch: int) -> None:
         "wrapper with num_epochs= the number of epochs you train",
         RuntimeWarning,
         stacklevel=4,
+    )
+
+
+def warn_skipped(epoch: int, next_epoch: int, num_epochs: int) -> None:
+    """Warn (once per run) that ``set_epoch(epoch)`` skips untrained epochs from ``next_epoch`` on."""
+    skipped = f"epoch {next_epoch}" if epoch == next_epoch + 1 else f"epochs {next_epoch} .. {epoch - 1}"
+    warnings.warn(
+        f"set_epoch({epoch}) skips {skipped}, which trained nothing: epochs are 0-based (for epoch in "
+        f"range({num_epochs}): ds.set_epoch(epoch)); a 1-based loop skips epoch 0 and its warm-up and "
+        "trains nothing in its last epoch",
+        stacklevel=3,
     )
 
 

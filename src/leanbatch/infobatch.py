@@ -140,13 +140,14 @@ class InfoBatch(Dataset):
         return self.dataset[index]
 
     def __getitems__(self, indices: list[int]) -> list[Any]:
-        """A whole batch's items (the DataLoader's batched fetch); notes the batch's size.
+        """A whole batch's items (the DataLoader's batched fetch); notes which batch it was.
 
-        ``update(loss)`` without indices checks each loss against the size of the batch it
-        trains, so a loss of the wrong length is an error before any score lands on a wrong
-        sample.
+        ``update(loss)`` without indices checks each loss against the batch it trains (its size,
+        first and last index), so a loss of the wrong length, a second update of one batch or a
+        batch sampler that regroups the served indices is an error before any score lands on a
+        wrong sample.
         """
-        self.sampler.fetched(len(indices))
+        self.sampler.fetched(indices)
         many = getattr(self.dataset, "__getitems__", None)
         return list(many(indices)) if callable(many) else [self.dataset[i] for i in indices]
 
@@ -186,7 +187,8 @@ class InfoBatch(Dataset):
                 batch, or :meth:`next_indices` before training it).
 
         Returns:
-            ``mean(loss * weight)``: the InfoBatch-rescaled loss to backpropagate.
+            ``mean(loss * weight)``: the InfoBatch-rescaled loss to backpropagate, in ``loss``'s
+            dtype. Inside ``torch.compile`` the call is a graph break (it runs eagerly).
 
         Example:
             >>> import torch
@@ -200,6 +202,8 @@ class InfoBatch(Dataset):
             >>> float(out), ds.scores.get(idx[[0, 2]]).tolist(), ds.progress   # 4 of 16 samples trained
             (2.0, [1.0, 3.0], 0.25)
         """
+        if torch.compiler.is_compiling():  # a compiled step: run the bookkeeping eagerly (graph break)
+            return _eager_update(self, loss, indices, positions)
         if type(loss) is not Tensor or loss.dim() != 1 or not loss.is_floating_point():
             loss = check_per_sample_loss(loss)  # the full check, with the message that names the fix
         if indices is not None:
@@ -220,7 +224,7 @@ class InfoBatch(Dataset):
         if w is None:
             return loss.mean()
         rows = idx if w.is_cpu else idx.to(w.device, non_blocking=True)
-        return (loss * w.index_select(0, plan.local_rows(rows))).mean()
+        return _weighted_mean(loss, w.index_select(0, plan.local_rows(rows)))
 
     def _update_indexed(self, loss: Tensor, indices: Any, positions: Tensor | None) -> Tensor:
         """``update(loss, indices[, positions=])``: the batch names its dataset indices."""
@@ -259,7 +263,7 @@ class InfoBatch(Dataset):
         else:
             sampler.store(idx, loss)
         sampler.commit(n, gathered=True)
-        return loss.mean() if w is None else (loss * w).mean()
+        return loss.mean() if w is None else _weighted_mean(loss, w)
 
     def _gather_checked(self, plan: Plan, device: torch.device, rows: Tensor) -> Tensor | None:
         """The weights of ``rows`` (``None``: all 1), with the rows checked to be dataset indices.
@@ -384,8 +388,9 @@ def _dataset_length(dataset: Any) -> int:
     """The length of a map-style dataset, or a clear error."""
     if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__getitem__"):
         raise TypeError(
-            "dataset must be a map-style dataset with __len__ and __getitem__; InfoBatch prunes by "
-            "index, so an IterableDataset cannot be wrapped"
+            "dataset must be a map-style dataset with __len__ and __getitem__: InfoBatch prunes by "
+            "index, so an IterableDataset cannot be wrapped; on a stream, select within each batch "
+            "instead (leanbatch.SelectiveBackprop or leanbatch.OnlineBatchSelection)"
         )
     try:
         n = len(dataset)
@@ -446,6 +451,19 @@ def _unscored(rows: Tensor, positions: Tensor | None, scored: int, n: int, spare
         rows[scored:] = spare
         return rows
     return torch.where(positions < scored, rows, spare)
+
+
+def _weighted_mean(loss: Tensor, w: Tensor) -> Tensor:
+    """``mean(loss * w)`` in ``loss``'s dtype (the float32 weights would promote bf16 or fp16)."""
+    out = (loss * w).mean()
+    return out if out.dtype == loss.dtype else out.to(loss.dtype)
+
+
+@torch.compiler.disable
+def _eager_update(ds: InfoBatch, loss: Tensor, indices: Tensor | None, positions: Tensor | None) -> Tensor:
+    """:meth:`InfoBatch.update`, run eagerly from inside ``torch.compile``: the ledger and the score
+    table are host-side state that a graph must not capture."""
+    return ds.update(loss, indices, positions=positions)
 
 
 def _on(idx: Tensor, like: Tensor) -> Tensor:

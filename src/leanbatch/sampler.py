@@ -32,8 +32,9 @@ from leanbatch.epochs import (
     plan_epoch,
     read_state,
     warn_past_end,
+    warn_skipped,
 )
-from leanbatch.ledger import Fetches, Iteration, Position, Step
+from leanbatch.ledger import Fetches, Iteration, Position, Step, size_error, why_not
 from leanbatch.policies.base import Policy
 from leanbatch.policies.parts import Comm
 from leanbatch.policies.plan import Plan
@@ -116,6 +117,7 @@ class PrunedSampler(Sampler[int]):
         self._unmerged = False  # trained since the last merge without the rows reaching every rank
         self._merged_at = scores.version  # the table's write count when every rank last agreed
         self._warned_past_end = False
+        self._warned_skip = False
         self._fetches = Fetches()
         self._distributed = False  # read at each iteration's start: steps store every rank's rows
 
@@ -164,19 +166,20 @@ class PrunedSampler(Sampler[int]):
             first = it.served
             positions = torch.arange(first, first + count, dtype=torch.int64) * step + (it.origin + it.rank)
             idx = it.plan.serve(self.seed, positions)
-            it.add(idx)
-            yield from idx.tolist()
+            values = idx.tolist()
+            it.add(idx, values)
+            yield from values
         it.ran_out = True
 
     def __len__(self) -> int:
-        """Samples this rank serves in the iteration being trained, or in the next one (past the last
-        epoch: the last iteration's, so a loop dividing by ``len(loader)`` at its end keeps working)."""
-        it = self._live()
-        if it is not None:
-            return it.length
-        epoch, start = self._next()
+        """Samples this rank serves in the latest iteration, until the next one begins (so it never
+        changes while a loop is inside an epoch, its last batch included); with none (at the start,
+        after :meth:`set_epoch` or a resume), in the one the next ``iter()`` begins."""
+        if self._its:
+            return self._its[-1].length
+        epoch, start = self._cursor
         if epoch >= self.num_epochs:
-            return self._its[-1].length if self._its else 0
+            return 0
         return self._local_length(self.plan().order_length, start)
 
     def epoch_length(self) -> int:
@@ -290,9 +293,9 @@ class PrunedSampler(Sampler[int]):
         return self._plan
 
     # ------------------------------------------------------------------ training
-    def fetched(self, n: int) -> None:
-        """A batch of ``n`` served samples was fetched (``__getitems__``): updates are checked against it."""
-        self._fetches.fetched(n)
+    def fetched(self, indices: list[int]) -> None:
+        """A batch of dataset ``indices`` was fetched (``__getitems__``): updates are checked against it."""
+        self._fetches.fetched(indices)
 
     def track_fetches(self) -> None:
         """Share the fetched sizes with DataLoader worker processes (call before they start)."""
@@ -346,15 +349,38 @@ class PrunedSampler(Sampler[int]):
         it = its[0] if len(its) == 1 and n <= its[0].served - its[0].trained else self._serving(n, what)
         if it is None:
             self._distributed = is_distributed(self.process_group)
-            if indices:
+            if indices or self._fetches.any:
                 raise RuntimeError(
                     f"{what} found no batch served by this sampler: build the DataLoader with "
-                    "sampler=ds.sampler (and iterate it), or pass indices explicitly: update(loss, indices)"
+                    "sampler=ds.sampler (not shuffle=True, which serves the epoch's samples unpruned and "
+                    "freezes progress inside each epoch) and iterate it"
+                    + ("" if self._fetches.any else ", or pass the batch's indices: update(loss, indices)")
                 )
             return Step(self.plan(), None, n)
         if batch:
-            self._fetches.check(it, n, indices, "loss" if indices else "indices")
+            self._check_size(it, n, "loss" if indices else "indices")
         return Step(it.plan, it.peek(n) if indices else None, it.scored(n))
+
+    def _check_size(self, it: Iteration, n: int, subject: str) -> None:
+        """Refuse ``n`` samples that are not the size of a batch fetched through the dataset (by
+        default, of the iteration's first update; a short last batch ends the iteration)."""
+        expected = self._fetches.size(n)
+        if expected is None:
+            expected = it.batch
+            if it.trained + n == it.length and n <= expected:
+                return
+        if expected and n != expected:
+            raise ValueError(size_error(subject, n, expected))
+
+    def _check_batch(self, it: Iteration, n: int) -> None:
+        """Refuse an update without indices whose ``n`` losses are not the next batch served and
+        fetched: the wrong size, a second update of one batch, or a batch the loader regrouped."""
+        key = it.key(n)
+        found = self._fetches.match(key)
+        if found is None:  # nothing fetched through the dataset: the sizes alone
+            self._check_size(it, n, "loss")
+        elif not found:
+            raise ValueError(why_not(key, self._fetches))
 
     def take(self, n: int, gathered: bool = False) -> Step:
         """:meth:`prepare` the next fetched batch of ``n`` served samples (its indices included) and
@@ -364,7 +390,7 @@ class PrunedSampler(Sampler[int]):
         if it is None or n > it.served - it.trained:  # the errors that say why
             self.prepare(n, indices=True, batch=True, what="update(loss) without indices")
         assert it is not None
-        self._fetches.train(it, n)  # checked against the batch fetched, before anything changes
+        self._check_batch(it, n)  # checked against the batch fetched, before anything changes
         scored = min(n, max(0, it.inside - it.trained))
         step = Step(it.plan, it.train(n), scored)
         it.batch = it.batch or n
@@ -401,7 +427,6 @@ class PrunedSampler(Sampler[int]):
             self._trained(it, n, gathered)
 
     def _trained(self, it: Iteration, n: int, gathered: bool) -> None:
-        self._fetches.trained()
         it.batch = it.batch or n
         it.take(n)
         self._unmerged = self._unmerged or not gathered
@@ -433,6 +458,11 @@ class PrunedSampler(Sampler[int]):
         position); any other epoch closes the books on the previous iterations.
         """
         check_int(epoch, "epoch", 0)
+        now = self.position
+        nxt = now.epoch + int(now.trained > 0)
+        if not self._warned_skip and epoch > nxt and nxt < self.num_epochs:
+            self._warned_skip = True
+            warn_skipped(epoch, nxt, self.num_epochs)
         it = self._its[-1] if self._its else None
         if it is None:
             if epoch != self._cursor[0]:
