@@ -239,6 +239,37 @@ def check_layout(
         )
 
 
+def write_state(
+    seed: int,
+    num_samples: int,
+    where: tuple[int, int, bool, int],
+    plan: Plan | None,
+    stats: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """A sampler's state in the format :func:`read_state` reads: plain values and the plan's tensors.
+
+    ``where``: ``(epoch, position, finished, world)``, the position counted in the epoch's global
+    order (all ranks); a fully trained epoch ``e`` is ``(e, its length, True, world)``.
+
+    Example:
+        >>> state = write_state(0, 8, (1, 0, False, 1), None, [])
+        >>> read_state(state, 8, None)[:2]
+        (1, 0)
+    """
+    epoch, position, finished, world = where
+    return {
+        "version": 2,
+        "seed": seed,
+        "num_samples": num_samples,
+        "epoch": epoch,
+        "position": position,
+        "finished": finished,
+        "world": world,
+        "plan": None if plan is None else plan.state_dict(),
+        "epoch_stats": [dict(s) for s in stats],
+    }
+
+
 def read_state(
     state: Any, num_samples: int, shard: tuple[int, int] | None
 ) -> tuple[int, int, Plan | None, list[dict[str, Any]], int]:

@@ -15,16 +15,16 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset, IterableDataset
 
-from leanbatch.checks import check_index_tensor, check_per_sample_loss, require
+from leanbatch.checks import check_per_sample_loss, require
 from leanbatch.distributed.checkpoints import own_part
 from leanbatch.distributed.shards import ShardedScores, shard_of
 from leanbatch.epochs import read_state
 from leanbatch.ledger import Position
 from leanbatch.policies.base import Policy
 from leanbatch.policies.infobatch import InfoBatchPolicy, RandomPolicy
-from leanbatch.policies.plan import Plan
 from leanbatch.sampler import PrunedSampler
 from leanbatch.scores import ScoreTable
+from leanbatch.update import update_indexed, update_served
 
 if TYPE_CHECKING:
     from leanbatch.distributed.carrier import ScoreCarrier
@@ -125,7 +125,7 @@ class InfoBatch(Dataset):
             num_epochs=num_epochs,
             shard_scores=shard_scores,
         )
-        self.sampler.track_fetches()
+        self.sampler.fetches.track()  # before any DataLoader worker starts
 
     @property
     def num_epochs(self) -> int:
@@ -147,7 +147,7 @@ class InfoBatch(Dataset):
         batch sampler that regroups the served indices is an error before any score lands on a
         wrong sample.
         """
-        self.sampler.fetched(indices)
+        self.sampler.fetches.fetched(indices)
         many = getattr(self.dataset, "__getitems__", None)
         return list(many(indices)) if callable(many) else [self.dataset[i] for i in indices]
 
@@ -207,82 +207,13 @@ class InfoBatch(Dataset):
         if type(loss) is not Tensor or loss.dim() != 1 or not loss.is_floating_point():
             loss = check_per_sample_loss(loss)  # the full check, with the message that names the fix
         if indices is not None:
-            return self._update_indexed(loss, indices, positions)
+            return update_indexed(self.sampler, loss, indices, positions)
         if positions is not None:
             raise TypeError(
                 "positions= needs the batch's indices: update(loss, indices, positions=...); without "
                 "indices in the batch, take them with ds.next_indices(len(batch)) before training it"
             )
-        # The indices are the next ones the sampler served (its ledger's), checked against the batch
-        # the loader fetched; padding at the epoch's end trains but does not score (the spare slot).
-        k = loss.shape[0]
-        sampler = self.sampler
-        plan, idx, scored = sampler.take(k, gathered=True)
-        assert idx is not None
-        sampler.store(idx if scored >= k else _unscored(idx, None, scored, k, len(self)), loss)
-        w = plan.weights_on(loss.device)
-        if w is None:
-            return loss.mean()
-        rows = idx if w.is_cpu else idx.to(w.device, non_blocking=True)
-        return _weighted_mean(loss, w.index_select(0, plan.local_rows(rows)))
-
-    def _update_indexed(self, loss: Tensor, indices: Any, positions: Tensor | None) -> Tensor:
-        """``update(loss, indices[, positions=])``: the batch names its dataset indices."""
-        k = loss.shape[0]
-        if type(indices) is not Tensor or indices.dtype is not torch.int64 or indices.dim() != 1:
-            indices = check_index_tensor(indices, "indices")  # converts, or raises naming the argument
-        n = indices.shape[0]
-        if positions is None and n != k:
-            raise ValueError(
-                f"loss has {k} entries but indices has {n}: pass one loss per index, or positions= "
-                "(the rows of the batch the losses belong to) for a selected subset"
-            )
-        if positions is not None:
-            positions = _check_positions(positions, k, n)
-        sampler = self.sampler
-        # Distributed: the ranks gather n rows each, so n must be the batch's size on every rank
-        # (gloo aborts the process on unequal sizes); checked against the batch the loader fetched.
-        distributed = sampler.distributed
-        plan, _, scored = sampler.prepare(n, batch=distributed)  # checked before anything changes
-        if indices.is_cpu:
-            # Our own copy: a caller's CPU tensor can alias memory that changes without torch
-            # knowing (torch.from_numpy of a reused array), which no version check would see.
-            indices = indices.clone() if indices.dtype is torch.int64 else indices.long()
-        rows = indices if positions is None else _on(indices, positions).index_select(0, positions)
-        w = self._gather_checked(plan, loss.device, rows)  # before anything changes
-        idx: Tensor = rows
-        if scored < n:  # padding at the epoch's end trains but does not score (the spare slot)
-            idx = _unscored(rows, positions, scored, n, len(self))
-        if positions is not None and distributed:  # every rank gathers n rows, however many it kept
-            spare, rows_on = len(self), idx.to(positions.device, non_blocking=True)
-            idx = torch.full((n,), spare, dtype=torch.int64, device=positions.device).index_copy_(
-                0, positions, rows_on
-            )
-            scores = loss.detach().float().new_zeros(n).index_copy_(0, positions, loss.detach().float())
-            sampler.store(idx, scores)
-        else:
-            sampler.store(idx, loss)
-        sampler.commit(n, gathered=True)
-        return loss.mean() if w is None else _weighted_mean(loss, w)
-
-    def _gather_checked(self, plan: Plan, device: torch.device, rows: Tensor) -> Tensor | None:
-        """The weights of ``rows`` (``None``: all 1), with the rows checked to be dataset indices.
-
-        On CPU gathering the weights checks the range for free (the message then comes from
-        ``check_indices``); elsewhere, an explicit check (asynchronous on CUDA). Sharded: the rows
-        must be this rank's (asynchronous on CUDA too).
-        """
-        w = plan.weights_on(device)
-        if isinstance(self.scores, ShardedScores):
-            self.scores.check_owned(rows)
-        if w is not None and w.is_cpu and rows.is_cpu:
-            try:
-                return w.index_select(0, plan.local_rows(rows))
-            except (IndexError, RuntimeError):
-                self.scores.check_indices(rows)
-                raise
-        self.scores.check_indices(rows)
-        return None if w is None else w.index_select(0, plan.local_rows(_on(rows, w)))
+        return update_served(self.sampler, loss)
 
     def next_indices(self, n: int) -> Tensor:
         """The dataset indices (int64, CPU) of the next ``n`` samples to train, in serving order.
@@ -425,47 +356,8 @@ def _make_policy(policy: str | Policy, prune_ratio: float, num_epochs: int, delt
     return policy
 
 
-def _check_positions(positions: Any, k: int, n: int) -> Tensor:
-    """``positions``: one row of the batch per loss (checked on CPU; on a device at the gather)."""
-    positions = check_index_tensor(positions, "positions")
-    if positions.shape[0] != k:
-        raise ValueError(
-            f"loss has {k} entries but positions has {positions.shape[0]}: one position per loss"
-        )
-    if positions.device.type == "cpu" and k and not 0 <= int(positions.min()) <= int(positions.max()) < n:
-        raise IndexError(f"positions must be rows of the batch, in [0, {n})")
-    return positions
-
-
-def _unscored(rows: Tensor, positions: Tensor | None, scored: int, n: int, spare: int) -> Tensor:
-    """``rows`` with those past the first ``scored`` rows of the batch sent to the spare slot (padding).
-
-    Example:
-        >>> _unscored(torch.tensor([4, 5, 6]), None, scored=2, n=3, spare=9).tolist()
-        [4, 5, 9]
-    """
-    if scored >= n:
-        return rows
-    if positions is None:
-        rows = rows.clone()
-        rows[scored:] = spare
-        return rows
-    return torch.where(positions < scored, rows, spare)
-
-
-def _weighted_mean(loss: Tensor, w: Tensor) -> Tensor:
-    """``mean(loss * w)`` in ``loss``'s dtype (the float32 weights would promote bf16 or fp16)."""
-    out = (loss * w).mean()
-    return out if out.dtype == loss.dtype else out.to(loss.dtype)
-
-
 @torch.compiler.disable
 def _eager_update(ds: InfoBatch, loss: Tensor, indices: Tensor | None, positions: Tensor | None) -> Tensor:
     """:meth:`InfoBatch.update`, run eagerly from inside ``torch.compile``: the ledger and the score
     table are host-side state that a graph must not capture."""
     return ds.update(loss, indices, positions=positions)
-
-
-def _on(idx: Tensor, like: Tensor) -> Tensor:
-    """``idx`` on ``like``'s device (asynchronously)."""
-    return idx if idx.device == like.device else idx.to(like.device, non_blocking=True)

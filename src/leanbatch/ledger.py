@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -31,7 +31,7 @@ from torch import Tensor
 
 from leanbatch.policies.plan import Plan
 
-__all__ = ["Fetches", "Iteration", "Key", "Position", "Step", "size_error", "why_not"]
+__all__ = ["Fetches", "Iteration", "Key", "Position", "Step", "front", "size_error", "why_not"]
 
 Key = tuple[int, int, int]  # a batch: (size, first dataset index, last dataset index)
 WORKER_SLOTS = 256  # worker processes' rings of fetched keys (by pid modulo this)
@@ -132,6 +132,19 @@ class Iteration:
         self.chunks.append(indices)
         self.lists.append(values)
         self.served += len(values)
+
+    def serve(self, seed: int, chunk_size: int) -> Iterator[int]:
+        """Serve the iteration's dataset indices, ``chunk_size`` positions at a time, each chunk
+        recorded as served before it is yielded (the plan's keyed order; a pure function of the
+        plan, ``seed`` and the positions)."""
+        while self.served < self.length:
+            count = min(chunk_size, self.length - self.served)
+            local = torch.arange(self.served, self.served + count, dtype=torch.int64)
+            idx = self.plan.serve(seed, local * self.world + (self.origin + self.rank))
+            values = idx.tolist()
+            self.add(idx, values)
+            yield from values
+        self.ran_out = True
 
     def key(self, n: int) -> Key:
         """The :data:`Key` of the next ``n`` served, untrained samples (``n`` >= 1, served)."""
@@ -279,6 +292,36 @@ class Fetches:
     def clear(self) -> None:
         """Forget the batches fetched in this process (an abandoned iteration's are never trained)."""
         self._queue.clear()
+
+    def check_size(self, it: Iteration, n: int, subject: str) -> None:
+        """Refuse ``n`` samples of ``it`` that are not the size of a batch fetched through the dataset
+        (with none fetched, of the iteration's first update; a short last batch ends it)."""
+        expected = self.size(n)
+        if expected is None:
+            expected = it.batch
+            if it.trained + n == it.length and n <= expected:
+                return
+        if expected and n != expected:
+            raise ValueError(size_error(subject, n, expected))
+
+    def check_batch(self, it: Iteration, n: int) -> None:
+        """Refuse an update without indices whose ``n`` losses are not the next batch ``it`` served and
+        a loader fetched: the wrong size, a second update of one batch, a batch the loader regrouped."""
+        key = it.key(n)
+        found = self.match(key)
+        if found is None:  # nothing fetched through the dataset: the sizes alone
+            self.check_size(it, n, "loss")
+        elif not found:
+            raise ValueError(why_not(key, self))
+
+
+def front(its: deque[Iteration], n: int) -> Iteration | None:
+    """The iteration the next ``n`` trained samples come from: an older one (a consumer reading
+    ahead across epochs) while they fit in what it has in flight; what it served but nobody
+    trained (a DataLoader's ``drop_last`` remainder) is dropped from ``its``."""
+    while len(its) > 1 and (its[0].done or its[0].in_flight < n):
+        its.popleft()
+    return its[0] if its else None
 
 
 def size_error(subject: str, n: int, expected: int) -> str:

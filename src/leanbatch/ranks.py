@@ -16,7 +16,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-__all__ = ["initialized", "is_distributed", "process_rank", "same_group", "world_size"]
+__all__ = ["initialized", "is_distributed", "process_rank", "same_group", "world_and_rank", "world_size"]
 
 
 def initialized() -> bool:
@@ -70,3 +70,17 @@ def same_group(a: Any, b: Any) -> bool:
         return True
     world = dist.group.WORLD if initialized() else None
     return (world if a is None else a) is (world if b is None else b)
+
+
+def world_and_rank(num_replicas: int | None, rank: int | None, group: Any = None) -> tuple[int, int]:
+    """``(world, rank)``: the given values, else ``group``'s (host-side reads), the rank checked.
+
+    Example:
+        >>> world_and_rank(None, None), world_and_rank(4, 3)
+        ((1, 0), (4, 3))
+    """
+    world = world_size(group) if num_replicas is None else num_replicas
+    rank = process_rank(group) if rank is None else rank
+    if not 0 <= rank < world:
+        raise ValueError(f"rank must be in [0, num_replicas={world}), got {rank!r}")
+    return world, rank

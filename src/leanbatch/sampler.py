@@ -1,16 +1,13 @@
 """``PrunedSampler``: serves each epoch's plan, and owns the run: epochs, plans, what was trained.
 
-The sampler owns its run the way torch's ``DistributedSampler`` owns its epoch: one object holds
-the epoch, its plan, what was served and trained (the ledger, :mod:`leanbatch.ledger`), and the
-position. An epoch serves the plan's kept indices in a keyed order (global position ``p`` holds
-``kept[perm(p mod K)]``, ``perm`` a Feistel permutation keyed by ``(seed, epoch)``, evaluated
-chunk by chunk); an iteration starting at global position ``start`` gives rank ``r`` of ``W``
-the positions ``start + r, start + r + W, ...``, padded or truncated to equal shards. What a rank
-yields is a pure function of (plan, seed, epoch, rank, world, start), ``len()`` is arithmetic,
-and neither runs a collective. Training, not serving, decides the epoch, the position, the plan
-whose weights apply, the progress and the checkpoint; ranks meet where every rank is at the same
-point (an epoch's last sample, ``set_epoch``), and planning (:mod:`leanbatch.epochs`) is a local,
-deterministic function of the merged scores.
+As torch's ``DistributedSampler`` owns its epoch, one object holds the epoch, its plan, what was
+served and trained (the ledger, :mod:`leanbatch.ledger`) and the position. An epoch serves the
+plan's kept indices in a keyed order (a Feistel permutation keyed by ``(seed, epoch)``, made
+chunk by chunk); rank ``r`` of ``W`` serves the global positions ``start + r, start + r + W, ...``
+of it. What a rank yields is a pure function of (plan, seed, epoch, rank, world, start), and
+serving runs no collective. Training, not serving, decides the epoch, the position, the plan
+whose weights apply, the progress and the checkpoint; planning (:mod:`leanbatch.epochs`) is a
+local, deterministic function of the merged scores.
 """
 
 from __future__ import annotations
@@ -19,7 +16,6 @@ from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
-import torch
 from torch import Tensor
 from torch.utils.data import Sampler
 
@@ -33,13 +29,14 @@ from leanbatch.epochs import (
     read_state,
     warn_past_end,
     warn_skipped,
+    write_state,
 )
-from leanbatch.ledger import Fetches, Iteration, Position, Step, size_error, why_not
+from leanbatch.ledger import Fetches, Iteration, Position, Step, front
 from leanbatch.policies.base import Policy
 from leanbatch.policies.parts import Comm
 from leanbatch.policies.plan import Plan
 from leanbatch.progress import training_progress
-from leanbatch.ranks import is_distributed, process_rank, world_size
+from leanbatch.ranks import is_distributed, world_and_rank
 from leanbatch.scores import ScoreTable
 
 __all__ = ["PrunedSampler"]
@@ -59,10 +56,10 @@ class PrunedSampler(Sampler[int]):
     :class:`~leanbatch.distributed.ShardedScores` table.
 
     An epoch ends when its samples have been *trained*, not fetched. The next epoch is planned
-    when an ``iter()`` starts it, or when ``len()`` is read after the whole previous epoch has been
-    trained, never earlier, and never twice. Epochs advance with :meth:`set_epoch` (on every rank:
-    it merges the ranks' scores), or by themselves when an iteration ran to its end. ``iter()``
-    returns a fresh generator. The global numpy/torch/python random state is never used.
+    when an ``iter()`` starts it (or :meth:`plan` asks for it), never earlier, never twice. Epochs
+    advance with :meth:`set_epoch` (on every rank: it merges the ranks' scores), or by themselves
+    when an iteration ran to its end. ``len()`` is the latest iteration's until the next begins.
+    The global numpy/torch/python random state is never used.
 
     Example:
         >>> import torch
@@ -73,9 +70,11 @@ class PrunedSampler(Sampler[int]):
         [0, 1, 2, 3, 4, 5, 6, 7]
         >>> idx, plan = sampler.claim(8)                 # trained: the losses of these 8 samples
         >>> table.update(idx, idx.float())               # scores 0..7, mean 3.5
-        >>> sampler.epoch, len(sampler), sampler.position
-        (1, 5, Position(epoch=1, trained=0, length=5))
+        >>> sampler.epoch, len(sampler)                  # len(): epoch 0's, until epoch 1 begins
+        (1, 8)
         >>> order = list(sampler)
+        >>> len(sampler), sampler.position
+        (5, Position(epoch=1, trained=0, length=5))
         >>> sorted(order), sampler.plan().weights.tolist()   # kept below the mean: weight 1 / (1 - 0.5)
         ([3, 4, 5, 6, 7], [2.0, 2.0, 2.0, 2.0, 1.0, 1.0, 1.0, 1.0])
     """
@@ -116,21 +115,14 @@ class PrunedSampler(Sampler[int]):
         self._cursor = (0, 0)  # (epoch, global start) served next while no iteration is live
         self._unmerged = False  # trained since the last merge without the rows reaching every rank
         self._merged_at = scores.version  # the table's write count when every rank last agreed
-        self._warned_past_end = False
-        self._warned_skip = False
-        self._fetches = Fetches()
+        self._warned: set[str] = set()  # the warnings given (each once a run)
+        self.fetches = Fetches()  # the batches fetched through the dataset, to check updates against
         self._distributed = False  # read at each iteration's start: steps store every rank's rows
 
     # ------------------------------------------------------------------ ranks
     def _world_rank(self) -> tuple[int, int]:
         """``(world, rank)`` now: the given values, else the process group's (host-side reads)."""
-        if not self.shard:
-            return 1, 0
-        world = world_size(self.process_group) if self.num_replicas is None else self.num_replicas
-        rank = process_rank(self.process_group) if self.rank is None else self.rank
-        if not 0 <= rank < world:
-            raise ValueError(f"rank must be in [0, num_replicas={world}), got {rank!r}")
-        return world, rank
+        return world_and_rank(self.num_replicas, self.rank, self.process_group) if self.shard else (1, 0)
 
     def _local_length(self, kept: int, start: int, world: int | None = None) -> int:
         """Samples this rank serves of the positions ``start .. kept - 1`` (equal on every rank)."""
@@ -157,19 +149,7 @@ class PrunedSampler(Sampler[int]):
     # ------------------------------------------------------------------ serving
     def __iter__(self) -> Iterator[int]:
         it = self._begin()
-        return iter(()) if it is None else self._serve(it)
-
-    def _serve(self, it: Iteration) -> Iterator[int]:
-        step = it.world
-        while it.served < it.length:
-            count = min(self.chunk_size, it.length - it.served)
-            first = it.served
-            positions = torch.arange(first, first + count, dtype=torch.int64) * step + (it.origin + it.rank)
-            idx = it.plan.serve(self.seed, positions)
-            values = idx.tolist()
-            it.add(idx, values)
-            yield from values
-        it.ran_out = True
+        return iter(()) if it is None else it.serve(self.seed, self.chunk_size)
 
     def __len__(self) -> int:
         """Samples this rank serves in the latest iteration, until the next one begins (so it never
@@ -204,12 +184,12 @@ class PrunedSampler(Sampler[int]):
         # that reads ahead across the epoch boundary); an abandoned one's read-ahead is gone.
         kept = deque(x for x in self._its if x.ran_out and not x.done)
         if len(kept) < len(self._its) or not kept:
-            self._fetches.clear()  # what was fetched for an abandoned iteration is never trained
+            self.fetches.clear()  # what was fetched for an abandoned iteration is never trained
         self._its = kept
         self._cursor = (epoch, 0)
         if epoch >= self.num_epochs:
-            if not self._warned_past_end:
-                self._warned_past_end = True
+            if "past_end" not in self._warned:
+                self._warned.add("past_end")
                 warn_past_end(self.num_epochs, epoch)
             return None
         plan = self._plan_of(epoch)
@@ -222,8 +202,7 @@ class PrunedSampler(Sampler[int]):
     # ------------------------------------------------------------------ where training stands
     def _live(self) -> Iteration | None:
         """The latest iteration if it is being trained (not fully trained)."""
-        it = self._its[-1] if self._its else None
-        return it if it is not None and not it.done else None
+        return self._its[-1] if self._its and not self._its[-1].done else None
 
     def _next(self) -> tuple[int, int]:
         """(epoch, global start) where training stands when no iteration is live."""
@@ -293,26 +272,9 @@ class PrunedSampler(Sampler[int]):
         return self._plan
 
     # ------------------------------------------------------------------ training
-    def fetched(self, indices: list[int]) -> None:
-        """A batch of dataset ``indices`` was fetched (``__getitems__``): updates are checked against it."""
-        self._fetches.fetched(indices)
-
-    def track_fetches(self) -> None:
-        """Share the fetched sizes with DataLoader worker processes (call before they start)."""
-        self._fetches.track()
-
-    def _front(self, n: int) -> Iteration | None:
-        """The iteration the next ``n`` trained samples come from: an older one (a consumer reading
-        ahead across epochs) while they fit in what it has in flight; what it served but nobody
-        trained (a DataLoader's ``drop_last`` remainder) is left behind."""
-        its = self._its
-        while len(its) > 1 and (its[0].done or its[0].in_flight < n):
-            its.popleft()
-        return its[0] if its else None
-
     def _serving(self, n: int, what: str) -> Iteration | None:
         """The iteration whose next ``n`` served samples the next update trains (nothing marked)."""
-        it = self._front(n)
+        it = front(self._its, n)
         if it is None:
             if self._next()[0] >= self.num_epochs:
                 raise RuntimeError(
@@ -349,54 +311,31 @@ class PrunedSampler(Sampler[int]):
         it = its[0] if len(its) == 1 and n <= its[0].served - its[0].trained else self._serving(n, what)
         if it is None:
             self._distributed = is_distributed(self.process_group)
-            if indices or self._fetches.any:
+            fetched = self.fetches.any
+            if indices or fetched:
                 raise RuntimeError(
                     f"{what} found no batch served by this sampler: build the DataLoader with "
                     "sampler=ds.sampler (not shuffle=True, which serves the epoch's samples unpruned and "
                     "freezes progress inside each epoch) and iterate it"
-                    + ("" if self._fetches.any else ", or pass the batch's indices: update(loss, indices)")
+                    + ("" if fetched else ", or pass the batch's indices: update(loss, indices)")
                 )
             return Step(self.plan(), None, n)
         if batch:
-            self._check_size(it, n, "loss" if indices else "indices")
+            self.fetches.check_size(it, n, "loss" if indices else "indices")
         return Step(it.plan, it.peek(n) if indices else None, it.scored(n))
-
-    def _check_size(self, it: Iteration, n: int, subject: str) -> None:
-        """Refuse ``n`` samples that are not the size of a batch fetched through the dataset (by
-        default, of the iteration's first update; a short last batch ends the iteration)."""
-        expected = self._fetches.size(n)
-        if expected is None:
-            expected = it.batch
-            if it.trained + n == it.length and n <= expected:
-                return
-        if expected and n != expected:
-            raise ValueError(size_error(subject, n, expected))
-
-    def _check_batch(self, it: Iteration, n: int) -> None:
-        """Refuse an update without indices whose ``n`` losses are not the next batch served and
-        fetched: the wrong size, a second update of one batch, or a batch the loader regrouped."""
-        key = it.key(n)
-        found = self._fetches.match(key)
-        if found is None:  # nothing fetched through the dataset: the sizes alone
-            self._check_size(it, n, "loss")
-        elif not found:
-            raise ValueError(why_not(key, self._fetches))
 
     def take(self, n: int, gathered: bool = False) -> Step:
         """:meth:`prepare` the next fetched batch of ``n`` served samples (its indices included) and
         :meth:`commit` it at once, for a step that stores its scores after (see :meth:`store`)."""
         its = self._its
-        it = its[0] if len(its) == 1 else self._front(n)
+        it = its[0] if len(its) == 1 else front(its, n)
         if it is None or n > it.served - it.trained:  # the errors that say why
             self.prepare(n, indices=True, batch=True, what="update(loss) without indices")
         assert it is not None
-        self._check_batch(it, n)  # checked against the batch fetched, before anything changes
-        scored = min(n, max(0, it.inside - it.trained))
+        self.fetches.check_batch(it, n)  # checked against the batch fetched, before anything changes
+        scored = it.scored(n)
         step = Step(it.plan, it.train(n), scored)
-        it.batch = it.batch or n
-        self._unmerged = self._unmerged or not gathered
-        if it.done:
-            self.merge()
+        self._marked(it, n, gathered)
         return step
 
     @property
@@ -415,20 +354,18 @@ class PrunedSampler(Sampler[int]):
             self.scores.store(indices, losses, check=False)
 
     def commit(self, n: int, gathered: bool = False) -> None:
-        """Mark the next ``n`` served samples trained (after their scores were stored).
-
-        ``gathered``: their scores reached every rank (:meth:`store`). Otherwise, when the epoch ends
-        here, the ranks' scores are merged: every rank trains its last sample at the same step,
-        shards being equal.
-        """
+        """Mark the next ``n`` served samples trained (after their scores were stored). ``gathered``:
+        their scores reached every rank (:meth:`store`); otherwise, when the epoch ends here, the
+        ranks' scores are merged (every rank trains its last sample at the same step)."""
         its = self._its
         it = its[0] if len(its) == 1 and n <= its[0].served - its[0].trained else self._serving(n, "commit")
         if it is not None:
-            self._trained(it, n, gathered)
+            it.take(n)
+            self._marked(it, n, gathered)
 
-    def _trained(self, it: Iteration, n: int, gathered: bool) -> None:
+    def _marked(self, it: Iteration, n: int, gathered: bool) -> None:
+        """``n`` samples of ``it`` were marked trained: at its end the ranks' scores merge."""
         it.batch = it.batch or n
-        it.take(n)
         self._unmerged = self._unmerged or not gathered
         if it.done:
             self.merge()
@@ -442,26 +379,20 @@ class PrunedSampler(Sampler[int]):
 
     def peek(self, n: int) -> Tensor:
         """The dataset indices (int64, CPU) of the next ``n`` served samples, without marking them."""
-        it = self._serving(n, "next_indices()")
-        if it is None:
-            raise RuntimeError(
-                "next_indices() found no batch served by this sampler: build the DataLoader with "
-                "sampler=ds.sampler and fetch the batch first"
-            )
-        return it.peek(n)
+        step = self.prepare(n, indices=True, what="next_indices()")
+        assert step.indices is not None
+        return step.indices
 
     # ------------------------------------------------------------------ epochs and ranks
     def set_epoch(self, epoch: int) -> None:
-        """Serve ``epoch`` (0-based) next; merges the ranks' scores (call it on every rank).
-
-        Setting the epoch being served again changes nothing (a resumed epoch keeps its
-        position); any other epoch closes the books on the previous iterations.
-        """
+        """Serve ``epoch`` (0-based) next; merges the ranks' scores (call it on every rank). The epoch
+        being served again changes nothing (a resumed epoch keeps its position); any other epoch
+        closes the books on the previous iterations; one that skips untrained epochs warns."""
         check_int(epoch, "epoch", 0)
         now = self.position
         nxt = now.epoch + int(now.trained > 0)
-        if not self._warned_skip and epoch > nxt and nxt < self.num_epochs:
-            self._warned_skip = True
+        if "skip" not in self._warned and epoch > nxt and nxt < self.num_epochs:
+            self._warned.add("skip")
             warn_skipped(epoch, nxt, self.num_epochs)
         it = self._its[-1] if self._its else None
         if it is None:
@@ -496,15 +427,8 @@ class PrunedSampler(Sampler[int]):
             plan = latest.plan if latest is not None else self._plan
             keep = plan is not None and plan.epoch == epoch and (position > 0 or plan.done > 0)
             plan, finished = (plan if keep else None), False
-        saved = {"version": 2, "seed": self.seed, "num_samples": self.scores.num_samples, "epoch": epoch}
-        return {  # the position counts the epoch's global order (all ranks)
-            **saved,
-            "position": position,
-            "finished": finished,
-            "world": self._world_rank()[0],
-            "plan": None if plan is None else plan.state_dict(),
-            "epoch_stats": [dict(s) for s in self.epoch_stats],
-        }
+        where = (epoch, position, finished, self._world_rank()[0])
+        return write_state(self.seed, self.scores.num_samples, where, plan, self.epoch_stats)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next iteration continues the saved epoch at the saved global position.
@@ -512,8 +436,8 @@ class PrunedSampler(Sampler[int]):
         The state is checked before anything changes (:func:`~leanbatch.epochs.read_state`): a wrong
         key, shape or value is a ``ValueError`` that names it.
         """
-        where = self._world_rank() if self.shard_scores else None
-        epoch, trained, plan, stats, seed = read_state(state, self.scores.num_samples, where)
+        shard = self._world_rank() if self.shard_scores else None
+        epoch, trained, plan, stats, seed = read_state(state, self.scores.num_samples, shard)
         self.seed = seed
         self.epoch_stats = stats
         self._its.clear()
