@@ -216,6 +216,54 @@ def downsample(inputs: Any, scale_factor: float, name: str = "scale_factor") -> 
     return map_leaves(inputs, resize)
 
 
+def _float_shapes(inputs: Any) -> str:
+    """The shapes, batch dimension as ``N``, of the float 3-D to 5-D tensors of ``inputs`` (what
+    :func:`downsample` resizes; the dry run forwards 2 examples of the batch, hence no count)."""
+    shapes: list[str] = []
+
+    def add(t: Tensor) -> None:
+        if t.is_floating_point() and t.dim() in _MODES:
+            shapes.append("(" + ", ".join(["N", *map(str, t.shape[1:])]) + ")")
+
+    map_leaves(inputs, add)
+    return ", ".join(shapes)
+
+
+def scaled_forward(
+    forward: Callable[[Any, Any], Any],
+    model: Any,
+    inputs: Any,
+    scale_factor: float,
+    name: str = "scale_factor",
+) -> Any:
+    """``forward(model, downsample(inputs))``; an error of the model on a downsampled input is
+    re-raised as a ``ValueError`` naming ``name``, the shapes before and after, and the fix.
+
+    Example:
+        >>> import torch
+        >>> mlp = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 2))  # needs 8x8 pixels
+        >>> try:
+        ...     scaled_forward(default_forward, mlp, torch.zeros(2, 1, 8, 8), 0.5)
+        ... except ValueError as e:
+        ...     print(str(e).split(":")[0])
+        the model failed on its selection input, downsampled by scale_factor=0.5 from (N, 1, 8, 8) to (N, 1, 4, 4)
+    """
+    small = downsample(inputs, scale_factor, name)
+    if scale_factor >= 1.0:
+        return forward(model, small)
+    try:
+        return forward(model, small)
+    except torch.cuda.OutOfMemoryError:
+        raise
+    except Exception as err:  # the model's own error on the resized input: say which knob to turn
+        raise ValueError(
+            f"the model failed on its selection input, downsampled by {name}={scale_factor} from "
+            f"{_float_shapes(inputs)} to {_float_shapes(small)}: {type(err).__name__}: {err}. "
+            f"A model that needs the full-size input (e.g. a Linear layer on flattened pixels) "
+            f"needs {name}=1"
+        ) from err
+
+
 def model_output(out: Any) -> Any:
     """The prediction tensor of a model output: ``out``, ``out.logits`` / ``out["logits"]``, or ``out[0]``.
 
@@ -292,6 +340,6 @@ def compute_losses(
             stop = min(n, start + step)
             x = inputs if step == n else slice_batch(inputs, start, stop, n)
             y = target if step == n else slice_batch(target, start, stop, n)
-            out = model_output(fwd(model, downsample(x, scale_factor)))
+            out = model_output(scaled_forward(fwd, model, x, scale_factor))
             parts.append(check_losses(loss(out, y), stop - start, name))
     return parts[0] if len(parts) == 1 else torch.cat(parts)

@@ -1,0 +1,46 @@
+"""Misuses of the selection API fail at the first call with one error naming the argument and the fix
+(issue 25: a model that cannot take the downsampled input, model and loss swapped, a progress
+outside [0, 1], RHO-LOSS irreducible losses as a list or shorter than the dataset)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from leanbatch import SelectiveBackprop, select_using_loss, selection_losses
+
+
+def image_mlp() -> nn.Module:
+    """An MLP on 8x8 images: its first Linear needs the 64 full-size pixels."""
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 10))
+
+
+def images(n: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randn(n, 1, 8, 8), torch.randint(0, 10, (n,))
+
+
+def test_a_model_that_needs_the_full_size_input_names_scale_factor_and_the_shapes() -> None:
+    X, y = images()
+    shapes = r"scale_factor=0\.5 from \(N, 1, 8, 8\) to \(N, 1, 4, 4\).*needs scale_factor=1"
+    with pytest.raises(ValueError, match=shapes) as info:  # SelectiveBackprop's default scale_factor
+        SelectiveBackprop().select((X, y), image_mlp(), F.cross_entropy, progress=0.6, batch_idx=0)
+    assert isinstance(info.value.__cause__, RuntimeError)  # chained: the model's own error is kept
+    with pytest.raises(ValueError, match=shapes):
+        select_using_loss(X, y, image_mlp(), F.cross_entropy, keep=0.5, scale_factor=0.5)
+    with pytest.raises(ValueError, match=shapes):
+        selection_losses(X, y, image_mlp(), F.cross_entropy, scale_factor=0.5, chunk_size=5)
+    # the full-size forward is not wrapped: the model's error is its own
+    with pytest.raises(RuntimeError, match="mat1 and mat2"):
+        select_using_loss(torch.randn(4, 1, 4, 4), y[:4], image_mlp(), F.cross_entropy, scale_factor=1)
+
+
+def test_flat_features_with_scale_factor_below_one_are_refused_naming_it() -> None:
+    X, y, mlp = torch.randn(32, 10), torch.randint(0, 10, (32,)), nn.Linear(10, 10)
+    with pytest.raises(ValueError, match=r"scale_factor=0\.5 < 1 .* got \[\(32, 10\)\]\. Use scale_factor=1"):
+        SelectiveBackprop().select(
+            (X, y), mlp, F.cross_entropy, progress=0.1, batch_idx=0
+        )  # before the window
+    with pytest.raises(ValueError, match="Use scale_factor=1"):
+        select_using_loss(X, y, mlp, F.cross_entropy, keep=0.5, scale_factor=0.5)
