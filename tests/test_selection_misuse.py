@@ -44,3 +44,37 @@ def test_flat_features_with_scale_factor_below_one_are_refused_naming_it() -> No
         )  # before the window
     with pytest.raises(ValueError, match="Use scale_factor=1"):
         select_using_loss(X, y, mlp, F.cross_entropy, keep=0.5, scale_factor=0.5)
+
+
+def test_model_and_loss_swapped_name_both() -> None:
+    X, y, mlp = torch.randn(8, 10), torch.randint(0, 10, (8,)), nn.Linear(10, 10)
+    with pytest.raises(TypeError, match="model and loss_fun look swapped"):
+        select_using_loss(X, y, F.cross_entropy, mlp, keep=0.5)
+    with pytest.raises(TypeError, match="model and loss_fun look swapped"):
+        select_using_loss(X, y, F.cross_entropy, mlp, keep=1.0)  # nothing to select: still refused
+    sb = SelectiveBackprop(scale_factor=1.0)
+    with pytest.raises(TypeError, match="model and loss_fn look swapped.*CrossEntropyLoss"):
+        sb.select((X, y), nn.CrossEntropyLoss(), mlp, progress=0.1, batch_idx=0)  # whatever the progress
+    with pytest.raises(TypeError, match="model is cross_entropy, a loss function.*as model"):
+        SelectiveBackprop(scale_factor=1.0, loss_fn=F.cross_entropy).select(
+            (X, y), F.cross_entropy, progress=0.6, batch_idx=0
+        )
+    with pytest.raises(TypeError, match="loss_fn is the network Linear"):
+        SelectiveBackprop(scale_factor=1.0).select((X, y), mlp, nn.Linear(10, 1), progress=0.6, batch_idx=0)
+
+
+def test_legitimate_models_and_losses_are_still_accepted() -> None:
+    X, y, mlp = torch.randn(8, 10), torch.randint(0, 10, (8,)), nn.Linear(10, 10)
+
+    class TemperedLoss(nn.Module):  # a loss module with a parameter, not an nn loss class
+        def __init__(self) -> None:
+            super().__init__()
+            self.t = nn.Parameter(torch.ones(()))
+
+        def forward(self, out: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+            return F.cross_entropy(out / self.t, y, reduction=reduction)
+
+    assert select_using_loss(X, y, lambda x: mlp(x), TemperedLoss(), keep=0.5)[1].shape == (4,)
+    assert select_using_loss(X, y, mlp, nn.CrossEntropyLoss(), keep=0.5)[1].shape == (4,)
+    sb = SelectiveBackprop(scale_factor=1.0, interrupt=0, forward_fn=lambda _, x: mlp(x))
+    assert sb.select((X, y), None, F.cross_entropy, progress=0.6, batch_idx=0).batch[1].shape == (4,)

@@ -28,6 +28,19 @@ PerExampleLoss = Callable[[Any, Any], Tensor]
 _MODES = {3: "linear", 4: "bilinear", 5: "trilinear"}
 
 
+def _takes_reduction(fn: Any) -> bool | None:
+    """Whether ``fn`` can take ``reduction=`` (``None``: no signature to read)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    return any(
+        p.kind is inspect.Parameter.VAR_KEYWORD
+        or (p.name == "reduction" and p.kind is not inspect.Parameter.POSITIONAL_ONLY)
+        for p in params
+    )
+
+
 def as_per_example_loss(loss_fn: Any, name: str = "loss_fn") -> PerExampleLoss:
     """Adapt ``loss_fn`` to ``(output, target) -> per-example losses``.
 
@@ -48,20 +61,81 @@ def as_per_example_loss(loss_fn: Any, name: str = "loss_fn") -> PerExampleLoss:
         raise TypeError(
             f"{name} must be callable as {name}(output, target, reduction='none'), got {loss_fn!r}"
         )
-    try:
-        params = inspect.signature(loss_fn).parameters.values()
-    except (TypeError, ValueError):  # builtins without a signature: the dry run checks instead
-        params = None
-    if params is not None and not any(
-        p.kind is inspect.Parameter.VAR_KEYWORD
-        or (p.name == "reduction" and p.kind is not inspect.Parameter.POSITIONAL_ONLY)
-        for p in params
-    ):
+    if _takes_reduction(loss_fn) is False:  # None: a builtin without a signature, the dry run checks
         raise TypeError(
             f"{name} must accept the keyword argument reduction='none' and return one loss per "
             f"example (Composer's convention), e.g. F.cross_entropy; got {loss_fn!r}"
         )
     return lambda out, target: loss_fn(out, target, reduction="none")
+
+
+def _is_loss(fn: Any) -> bool:
+    """A loss module, or a function (not a module) with a ``reduction`` parameter, e.g. ``F.cross_entropy``."""
+    if isinstance(fn, nn.modules.loss._Loss):
+        return True
+    if isinstance(fn, nn.Module) or not callable(fn):
+        return False
+    try:
+        return "reduction" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _is_network(fn: Any) -> bool:
+    """A module that is no loss module and whose ``forward`` takes one input and no ``reduction=``
+    (a loss takes ``output, target``): a model, e.g. ``nn.Linear`` or ``nn.Sequential``."""
+    if not isinstance(fn, nn.Module) or isinstance(fn, nn.modules.loss._Loss):
+        return False
+    try:
+        params = inspect.signature(fn.forward).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    required = [p for p in params if p.kind in positional and p.default is inspect.Parameter.empty]
+    return len(required) < 2 and _takes_reduction(fn.forward) is False
+
+
+def check_model(model: Any, loss_fn: Any, loss_name: str = "loss_fn", custom_forward: bool = False) -> None:
+    """Raise ``TypeError`` when ``model`` is missing or is a loss, or ``model`` and ``loss_fn`` look swapped.
+
+    A plain callable ``model`` (``lambda X: hf_model(**X)``) and a loss module with parameters
+    whose forward takes ``reduction=`` are accepted. ``custom_forward``: a ``forward_fn`` calls
+    the model, so ``model`` may be anything it takes (even ``None``).
+
+    Example:
+        >>> import torch, torch.nn.functional as F
+        >>> check_model(torch.nn.Linear(2, 2), F.cross_entropy)
+        >>> try:
+        ...     check_model(F.cross_entropy, torch.nn.Linear(2, 2))
+        ... except TypeError as e:
+        ...     print(str(e).split(":")[0])
+        model and loss_fn look swapped
+    """
+
+    def what(fn: Any) -> str:
+        return getattr(fn, "__name__", None) or type(fn).__name__
+
+    if not custom_forward and (model is None or not callable(model)):
+        raise TypeError(
+            f"model must be the model being trained (an nn.Module, or a callable model(inputs)), got {model!r}"
+        )
+    if _is_network(loss_fn) and (not isinstance(model, nn.Module) or _is_loss(model)):
+        kind = "a loss" if _is_loss(model) else "not an nn.Module"
+        raise TypeError(
+            f"model and {loss_name} look swapped: model is {what(model)} ({kind}) and "
+            f"{loss_name} is the network {what(loss_fn)}; pass the model being trained first, then the "
+            f"loss: (..., model, {loss_name}, ...)"
+        )
+    if _is_loss(model):
+        raise TypeError(
+            f"model is {what(model)}, a loss function: pass the model being trained as model, and the "
+            f"loss as {loss_name}"
+        )
+    if _is_network(loss_fn):
+        raise TypeError(
+            f"{loss_name} is the network {what(loss_fn)}, whose forward takes no reduction=: pass a loss "
+            f"{loss_name}(output, target, reduction='none'), e.g. F.cross_entropy, and the network as model"
+        )
 
 
 def rankable_losses(losses: Tensor, name: str) -> Tensor:
