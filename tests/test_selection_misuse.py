@@ -78,3 +78,11 @@ def test_legitimate_models_and_losses_are_still_accepted() -> None:
     assert select_using_loss(X, y, mlp, nn.CrossEntropyLoss(), keep=0.5)[1].shape == (4,)
     sb = SelectiveBackprop(scale_factor=1.0, interrupt=0, forward_fn=lambda _, x: mlp(x))
     assert sb.select((X, y), None, F.cross_entropy, progress=0.6, batch_idx=0).batch[1].shape == (4,)
+
+
+@pytest.mark.parametrize("progress", [float("nan"), float("inf"), -0.1, 1.5])
+def test_progress_outside_zero_one_is_refused_naming_it(progress: float) -> None:
+    sb = SelectiveBackprop(scale_factor=1.0, loss_fn=F.cross_entropy)
+    batch = (torch.randn(8, 10), torch.randint(0, 10, (8,)))
+    with pytest.raises(ValueError, match=r"progress must be a finite number in \[0, 1\].*training_progress"):
+        sb.select(batch, nn.Linear(10, 10), progress=progress, batch_idx=0)
