@@ -4,12 +4,14 @@ outside [0, 1], RHO-LOSS irreducible losses as a list or shorter than the datase
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from leanbatch import SelectiveBackprop, select_using_loss, selection_losses
+from leanbatch.selection import RhoLoss
 
 
 def image_mlp() -> nn.Module:
@@ -86,3 +88,30 @@ def test_progress_outside_zero_one_is_refused_naming_it(progress: float) -> None
     batch = (torch.randn(8, 10), torch.randint(0, 10, (8,)))
     with pytest.raises(ValueError, match=r"progress must be a finite number in \[0, 1\].*training_progress"):
         sb.select(batch, nn.Linear(10, 10), progress=progress, batch_idx=0)
+
+
+def test_irreducible_as_a_list_or_numpy_array_is_accepted() -> None:
+    X, y, idx = torch.randn(8, 10), torch.randint(0, 10, (8,)), torch.arange(8)
+    chosen = []
+    for irreducible in ([0.5] * 8, np.full(8, 0.5), torch.full((8,), 0.5, dtype=torch.float64)):
+        rho = RhoLoss(irreducible, keep=0.5, loss_fn=F.cross_entropy)
+        assert rho.source.irreducible.dtype == torch.float32
+        chosen.append(rho.select((X, y), nn.Linear(10, 10), progress=0.5, batch_idx=0, indices=idx))
+    assert all(sel.positions.shape == (4,) for sel in chosen)
+    with pytest.raises(TypeError, match=r"irreducible must be a float tensor of shape \(N,\)"):
+        RhoLoss(["a", "b"])
+    with pytest.raises(ValueError, match="irreducible must hold finite losses"):
+        RhoLoss([0.0, float("nan")])
+
+
+def test_irreducible_shorter_than_the_dataset_names_its_length_and_the_index() -> None:
+    rho = RhoLoss(torch.zeros(16), keep=0.5, loss_fn=F.cross_entropy)
+    X, y = torch.randn(8, 10), torch.randint(0, 10, (8,))
+    model = nn.Linear(10, 10)
+    short = (
+        r"irreducible holds 16 losses but the largest index of the batch is 23: indices must be in \[0, 16\)"
+    )
+    with pytest.raises(IndexError, match=short + ".*whole training set"):
+        rho.select((X, y), model, progress=0.5, batch_idx=0, indices=torch.arange(16, 24))
+    with pytest.raises(IndexError, match="irreducible holds 16 losses but the batch has index -1"):
+        rho.select((X, y), model, progress=0.5, batch_idx=0, indices=torch.arange(-1, 7))
