@@ -24,7 +24,7 @@ from torch import Tensor
 
 from leanbatch.selection.batches import first_tensor, index_batch
 from leanbatch.selection.rules import num_selected, resolve_generator, select_indices
-from leanbatch.selection.scoring import check_downsample
+from leanbatch.selection.scoring import check_downsample, check_model
 from leanbatch.selection.sources import ForwardScores
 
 __all__ = ["select_using_loss", "selection_losses"]
@@ -154,6 +154,7 @@ def selection_losses(
         torch.Size([8])
     """
     fwd = _forward(loss_fun, scale_factor, chunk_size, autocast, eval_mode)
+    check_model(model, loss_fun, "loss_fun")
     return fwd.losses(model, X, y, _check_pair(X, y, fwd.scale_factor))
 
 
@@ -205,6 +206,7 @@ def select_using_loss(
         ('toy', True, 4)
     """
     fwd = _forward(loss_fun, scale_factor, chunk_size, autocast, eval_mode)
+    check_model(model, loss_fun, "loss_fun")  # even when every example is kept, without a forward
     n = _check_pair(X, y, fwd.scale_factor)
     k = num_selected(n, keep)
     resolve_generator(generator, first_tensor(X).device)  # type: ignore[union-attr]  # a wrong generator fails now, whatever the batch

@@ -26,12 +26,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from leanbatch.checks import check_saved_tensor
 from leanbatch.selection.layout import Rows
 from leanbatch.selection.rules import TopRule
 from leanbatch.selection.schedule import Window
 from leanbatch.selection.selector import Selector
-from leanbatch.selection.sources import ForwardScores, Source
+from leanbatch.selection.sources import ForwardScores, Source, _check_indices
 from leanbatch.selection.stats import SelectionStats
 
 __all__ = ["ReducibleScores", "RhoLoss"]
@@ -50,16 +49,9 @@ class ReducibleScores(Source):
         [0.5, 1.5]
     """
 
-    def __init__(self, source: Source, irreducible: Tensor):
-        t = check_saved_tensor(
-            {"irreducible": irreducible}, "irreducible", tuple(irreducible.shape), nan=False
-        )
-        if t.dim() != 1:
-            raise ValueError(
-                f"irreducible must hold one loss per dataset index, shape (N,), got {tuple(t.shape)}"
-            )
+    def __init__(self, source: Source, irreducible: Any):
         self.source = source
-        self.irreducible = t.detach().to(torch.float32)
+        self.irreducible = _irreducible(irreducible)
         self.runs_model = source.runs_model
 
     def check_batch(self, rows: Rows, loss_fn: Any) -> None:
@@ -68,7 +60,31 @@ class ReducibleScores(Source):
                 "RhoLoss subtracts each row's irreducible loss, looked up by dataset index: it needs the "
                 "batch's dataset indices, select(..., indices=dataset_indices)"
             )
+        _check_indices(rows.indices, rows.n)
+        self._check_range(rows.indices)
         self.source.check_batch(rows, loss_fn)
+
+    def _check_range(self, indices: Tensor) -> None:
+        """Every index must have an irreducible loss. The dataset's length is not known here, so
+        each batch is checked: on the CPU (where a DataLoader yields indices) by a min/max that
+        reads no device; on an accelerator by a device-side assert, so no host sync per step."""
+        if indices.is_floating_point() or indices.dtype == torch.bool:
+            raise TypeError(f"indices must be an integer tensor of dataset indices, got {indices.dtype}")
+        n = int(self.irreducible.shape[0])
+        fix = (
+            f"indices must be in [0, {n}). irreducible must hold one loss per dataset sample: the holdout "
+            "model's loss on every sample of the whole training set, shape (len(train_dataset),)"
+        )
+        if indices.numel() == 0:
+            return
+        if indices.device.type != "cpu":
+            msg = f"irreducible holds {n} losses but a dataset index of the batch has none: {fix}"
+            torch._assert_async(((indices >= 0) & (indices < n)).all(), msg)
+            return
+        lo, hi = (int(v) for v in torch.aminmax(indices))
+        if lo < 0 or hi >= n:
+            seen = f"the largest index of the batch is {hi}" if hi >= n else f"the batch has index {lo}"
+            raise IndexError(f"irreducible holds {n} losses but {seen}: {fix}")
 
     def check(self, rows: Rows, model: Any, loss_fn: Any) -> None:
         self.source.check(rows, model, loss_fn)
@@ -81,11 +97,37 @@ class ReducibleScores(Source):
         return losses - self.irreducible.index_select(0, rows.indices.to(losses.device, non_blocking=True))
 
 
+def _irreducible(value: Any) -> Tensor:
+    """``value`` (a tensor, list or numpy array) as a finite float32 tensor ``(N,)`` (read once,
+    at construction)."""
+    if not isinstance(value, Tensor):
+        try:
+            value = torch.as_tensor(value, dtype=torch.float32)
+        except (TypeError, ValueError, RuntimeError) as err:
+            raise TypeError(
+                f"irreducible must be a float tensor of shape (N,), one loss per dataset sample (a list or "
+                f"numpy array of numbers is converted), got {type(value).__name__}: {err}"
+            ) from err
+    if value.dim() != 1 or value.is_complex() or value.dtype == torch.bool:
+        raise ValueError(
+            f"irreducible must be a float tensor of shape (N,), one loss per dataset sample, got "
+            f"{value.dtype} {tuple(value.shape)}"
+        )
+    t = value.detach().to(torch.float32)
+    if not bool(torch.isfinite(t).all()):
+        raise ValueError(
+            "irreducible must hold finite losses (no NaN or inf): recompute the holdout model's loss "
+            "of every training sample"
+        )
+    return t
+
+
 class RhoLoss(Selector):
     """RHO-LOSS: train the ``keep`` share of each batch with the largest reducible loss.
 
     Args:
-        irreducible: float tensor ``(N,)``, each training sample's loss under the holdout model.
+        irreducible: float tensor ``(N,)`` (or a list or numpy array, converted to float32), each
+            training sample's loss under the holdout model; a batch's dataset index ``>= N`` raises.
         keep: the share of each batch trained (the paper selects 10% of large batches).
         start, end, interrupt: the schedule (default: every batch).
         loss_fn, scale_factor, forward_fn, chunk_size, autocast, eval_mode: the selection
@@ -106,7 +148,7 @@ class RhoLoss(Selector):
 
     def __init__(
         self,
-        irreducible: Tensor,
+        irreducible: Any,
         keep: float = 0.1,
         *,
         start: float = 0.0,

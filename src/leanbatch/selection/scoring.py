@@ -28,6 +28,19 @@ PerExampleLoss = Callable[[Any, Any], Tensor]
 _MODES = {3: "linear", 4: "bilinear", 5: "trilinear"}
 
 
+def _takes_reduction(fn: Any) -> bool | None:
+    """Whether ``fn`` can take ``reduction=`` (``None``: no signature to read)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    return any(
+        p.kind is inspect.Parameter.VAR_KEYWORD
+        or (p.name == "reduction" and p.kind is not inspect.Parameter.POSITIONAL_ONLY)
+        for p in params
+    )
+
+
 def as_per_example_loss(loss_fn: Any, name: str = "loss_fn") -> PerExampleLoss:
     """Adapt ``loss_fn`` to ``(output, target) -> per-example losses``.
 
@@ -48,20 +61,81 @@ def as_per_example_loss(loss_fn: Any, name: str = "loss_fn") -> PerExampleLoss:
         raise TypeError(
             f"{name} must be callable as {name}(output, target, reduction='none'), got {loss_fn!r}"
         )
-    try:
-        params = inspect.signature(loss_fn).parameters.values()
-    except (TypeError, ValueError):  # builtins without a signature: the dry run checks instead
-        params = None
-    if params is not None and not any(
-        p.kind is inspect.Parameter.VAR_KEYWORD
-        or (p.name == "reduction" and p.kind is not inspect.Parameter.POSITIONAL_ONLY)
-        for p in params
-    ):
+    if _takes_reduction(loss_fn) is False:  # None: a builtin without a signature, the dry run checks
         raise TypeError(
             f"{name} must accept the keyword argument reduction='none' and return one loss per "
             f"example (Composer's convention), e.g. F.cross_entropy; got {loss_fn!r}"
         )
     return lambda out, target: loss_fn(out, target, reduction="none")
+
+
+def _is_loss(fn: Any) -> bool:
+    """A loss module, or a function (not a module) with a ``reduction`` parameter, e.g. ``F.cross_entropy``."""
+    if isinstance(fn, nn.modules.loss._Loss):
+        return True
+    if isinstance(fn, nn.Module) or not callable(fn):
+        return False
+    try:
+        return "reduction" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _is_network(fn: Any) -> bool:
+    """A module that is no loss module and whose ``forward`` takes one input and no ``reduction=``
+    (a loss takes ``output, target``): a model, e.g. ``nn.Linear`` or ``nn.Sequential``."""
+    if not isinstance(fn, nn.Module) or isinstance(fn, nn.modules.loss._Loss):
+        return False
+    try:
+        params = inspect.signature(fn.forward).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    required = [p for p in params if p.kind in positional and p.default is inspect.Parameter.empty]
+    return len(required) < 2 and _takes_reduction(fn.forward) is False
+
+
+def check_model(model: Any, loss_fn: Any, loss_name: str = "loss_fn", custom_forward: bool = False) -> None:
+    """Raise ``TypeError`` when ``model`` is missing or is a loss, or ``model`` and ``loss_fn`` look swapped.
+
+    A plain callable ``model`` (``lambda X: hf_model(**X)``) and a loss module with parameters
+    whose forward takes ``reduction=`` are accepted. ``custom_forward``: a ``forward_fn`` calls
+    the model, so ``model`` may be anything it takes (even ``None``).
+
+    Example:
+        >>> import torch, torch.nn.functional as F
+        >>> check_model(torch.nn.Linear(2, 2), F.cross_entropy)
+        >>> try:
+        ...     check_model(F.cross_entropy, torch.nn.Linear(2, 2))
+        ... except TypeError as e:
+        ...     print(str(e).split(":")[0])
+        model and loss_fn look swapped
+    """
+
+    def what(fn: Any) -> str:
+        return getattr(fn, "__name__", None) or type(fn).__name__
+
+    if not custom_forward and (model is None or not callable(model)):
+        raise TypeError(
+            f"model must be the model being trained (an nn.Module, or a callable model(inputs)), got {model!r}"
+        )
+    if _is_network(loss_fn) and (not isinstance(model, nn.Module) or _is_loss(model)):
+        kind = "a loss" if _is_loss(model) else "not an nn.Module"
+        raise TypeError(
+            f"model and {loss_name} look swapped: model is {what(model)} ({kind}) and "
+            f"{loss_name} is the network {what(loss_fn)}; pass the model being trained first, then the "
+            f"loss: (..., model, {loss_name}, ...)"
+        )
+    if _is_loss(model):
+        raise TypeError(
+            f"model is {what(model)}, a loss function: pass the model being trained as model, and the "
+            f"loss as {loss_name}"
+        )
+    if _is_network(loss_fn):
+        raise TypeError(
+            f"{loss_name} is the network {what(loss_fn)}, whose forward takes no reduction=: pass a loss "
+            f"{loss_name}(output, target, reduction='none'), e.g. F.cross_entropy, and the network as model"
+        )
 
 
 def rankable_losses(losses: Tensor, name: str) -> Tensor:
@@ -216,6 +290,54 @@ def downsample(inputs: Any, scale_factor: float, name: str = "scale_factor") -> 
     return map_leaves(inputs, resize)
 
 
+def _float_shapes(inputs: Any) -> str:
+    """The shapes, batch dimension as ``N``, of the float 3-D to 5-D tensors of ``inputs`` (what
+    :func:`downsample` resizes; the dry run forwards 2 examples of the batch, hence no count)."""
+    shapes: list[str] = []
+
+    def add(t: Tensor) -> None:
+        if t.is_floating_point() and t.dim() in _MODES:
+            shapes.append("(" + ", ".join(["N", *map(str, t.shape[1:])]) + ")")
+
+    map_leaves(inputs, add)
+    return ", ".join(shapes)
+
+
+def scaled_forward(
+    forward: Callable[[Any, Any], Any],
+    model: Any,
+    inputs: Any,
+    scale_factor: float,
+    name: str = "scale_factor",
+) -> Any:
+    """``forward(model, downsample(inputs))``; an error of the model on a downsampled input is
+    re-raised as a ``ValueError`` naming ``name``, the shapes before and after, and the fix.
+
+    Example:
+        >>> import torch
+        >>> mlp = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 2))  # needs 8x8 pixels
+        >>> try:
+        ...     scaled_forward(default_forward, mlp, torch.zeros(2, 1, 8, 8), 0.5)
+        ... except ValueError as e:
+        ...     print(str(e).split(":")[0])
+        the model failed on its selection input, downsampled by scale_factor=0.5 from (N, 1, 8, 8) to (N, 1, 4, 4)
+    """
+    small = downsample(inputs, scale_factor, name)
+    if scale_factor >= 1.0:
+        return forward(model, small)
+    try:
+        return forward(model, small)
+    except torch.cuda.OutOfMemoryError:
+        raise
+    except Exception as err:  # the model's own error on the resized input: say which knob to turn
+        raise ValueError(
+            f"the model failed on its selection input, downsampled by {name}={scale_factor} from "
+            f"{_float_shapes(inputs)} to {_float_shapes(small)}: {type(err).__name__}: {err}. "
+            f"A model that needs the full-size input (e.g. a Linear layer on flattened pixels) "
+            f"needs {name}=1"
+        ) from err
+
+
 def model_output(out: Any) -> Any:
     """The prediction tensor of a model output: ``out``, ``out.logits`` / ``out["logits"]``, or ``out[0]``.
 
@@ -292,6 +414,6 @@ def compute_losses(
             stop = min(n, start + step)
             x = inputs if step == n else slice_batch(inputs, start, stop, n)
             y = target if step == n else slice_batch(target, start, stop, n)
-            out = model_output(fwd(model, downsample(x, scale_factor)))
+            out = model_output(scaled_forward(fwd, model, x, scale_factor))
             parts.append(check_losses(loss(out, y), stop - start, name))
     return parts[0] if len(parts) == 1 else torch.cat(parts)

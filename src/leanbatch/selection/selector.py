@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from leanbatch.checks import check_bool, check_int
+from leanbatch.checks import check_bool, check_int, check_real
 from leanbatch.progress import training_progress
 from leanbatch.rng import Generators
 from leanbatch.scores import ScoreTable
@@ -34,6 +34,11 @@ from leanbatch.selection.stats import SelectionStats
 
 if TYPE_CHECKING:  # the history rule's buffer, for the type of Selector.history only
     from leanbatch.selection.history import LossHistory
+
+_PROGRESS = (
+    "the fraction of training done, e.g. leanbatch.training_progress(epoch=, num_epochs=, batch_idx=, "
+    "batches_per_epoch=), which is always in [0, 1]"
+)
 
 
 class Selector:
@@ -176,7 +181,7 @@ class Selector:
         ``batch``: a tensor, tuple/list or dict of tensors; ``model``, ``loss_fn``
         (``loss_fn(output, target, reduction="none")``, default the constructor's): for a source
         that runs the model (left in its mode, BN statistics kept); ``progress``: fraction of
-        training done (:func:`leanbatch.training_progress`); ``batch_idx``: the batch's index in
+        training done, in [0, 1] (:func:`leanbatch.training_progress`); ``batch_idx``: the batch's index in
         its epoch; ``indices``: the rows' dataset indices, on the CPU (a memory of losses);
         ``epoch`` (Stale-SB). In the loop: select, then batch-level augmentation, then train.
 
@@ -191,6 +196,7 @@ class Selector:
             raise TypeError("select() needs progress= (fraction of training done) and batch_idx=")
         if isinstance(progress, bool) or not isinstance(progress, (int, float)):
             raise TypeError(f"progress must be a Python float (fraction of training done), got {progress!r}")
+        check_real(progress, "progress", 0.0, 1.0, hint=_PROGRESS)  # a Python float: no device read
         check_int(batch_idx, "batch_idx", 0)
         return self._select(batch, model, loss_fn, progress, batch_idx, indices, epoch, True)
 

@@ -26,6 +26,7 @@ from leanbatch.selection.scoring import (
     as_per_example_loss,
     check_downsample,
     check_losses,
+    check_model,
     compute_losses,
 )
 from leanbatch.selection.stats import SelectionStats
@@ -96,6 +97,7 @@ class ForwardScores(Source):
     ):
         self.scale_factor = check_fraction(scale_factor, "scale_factor")
         self.loss_name = loss_name
+        self.loss_fn = loss_fn  # the default loss as given (checked against the model)
         self._default = None if loss_fn is None else as_per_example_loss(loss_fn, loss_name)
         if forward_fn is not None and not callable(forward_fn):
             raise TypeError(f"forward_fn must be callable as forward_fn(model, inputs), got {forward_fn!r}")
@@ -140,6 +142,8 @@ class ForwardScores(Source):
         self.loss(loss_fn)  # no loss function: fail now, whatever the progress
 
     def check(self, rows: Rows, model: Any, loss_fn: Any) -> None:
+        given = self.loss_fn if loss_fn is None else loss_fn
+        check_model(model, given, self.loss_name, custom_forward=self.forward_fn is not None)
         check_downsample(rows.inputs, self.scale_factor)
         m = min(rows.n, 2)
         inputs, target = slice_batch(rows.inputs, 0, m, rows.n), slice_batch(rows.target, 0, m, rows.n)
