@@ -44,7 +44,7 @@ def test_two_workers_fetching_at_once_each_keep_their_own_batches(monkeypatch):
     import leanbatch.ledger as ledger
 
     ds = InfoBatch(data(), 2, seed=0)
-    mine = ds.sampler._fetches  # the copy in each worker shares the tracked ring (shared memory)
+    mine = ds.sampler.fetches  # the copy in each worker shares the tracked ring (shared memory)
     for pid, batch in ((1001, [3, 1, 2]), (1002, [9, 7, 8]), (1001, [6, 4, 5])):
         monkeypatch.setattr(ledger.os, "getpid", lambda pid=pid: pid)  # not the training process
         mine.fetched(batch)

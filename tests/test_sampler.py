@@ -93,8 +93,8 @@ def test_epoch_advances_after_a_full_iteration_without_set_epoch():
     s = make(100, torch.rand(100), num_epochs=4, delta=0.5)
     lens = []
     for e in range(4):
-        lens.append(len(s))  # read before iter(): the epoch about to be served
         order = list(s)
+        lens.append(len(s))  # the iteration's, from its iter() on
         assert len(order) == lens[-1] and s.epoch == e
         s.claim(len(order))  # trained
         assert s.epoch == e + 1
@@ -134,8 +134,10 @@ def test_len_does_not_advance_while_batches_are_in_flight():
     assert s.claim(16)[0].tolist() == served[48:]
     assert s.epoch == 1 and s.epoch_stats[-1]["epoch"] == 0  # all trained: epoch 1 is next, not planned yet
     table.update(torch.arange(64), torch.arange(64.0))
-    assert len(s) == s.plan().num_kept < 64  # planned now, from every score of epoch 0:
+    assert len(s) == 64  # epoch 0's iteration until epoch 1's begins (constant inside a loop's epoch)
+    assert s.plan().num_kept < 64  # planned now, from every score of epoch 0:
     assert s.epoch_stats[-1]["epoch"] == 1 and s.epoch_stats[-1]["threshold"] == 31.5  # mean of 0..63
+    assert len(list(s)) == len(s) == s.plan().num_kept
 
 
 def test_iter_returns_fresh_generators_and_plans_once():

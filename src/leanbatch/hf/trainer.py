@@ -212,6 +212,7 @@ class LeanbatchMixin(_Base):
         if epoch >= ds.num_epochs:  # everything trained: the Trainer's epoch count ran long (a resume)
             self.control.should_training_stop = True
             return None
+        ds.set_epoch(epoch)  # served next (a resumed position kept), so len() is its length
         steps = len(a["train_dataloader"])  # plans the epoch now, on every process at once
         ga = self.args.gradient_accumulation_steps
         if self._lb_first_epoch is None:
