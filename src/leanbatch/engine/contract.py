@@ -27,13 +27,10 @@ import sys
 import types
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from leanbatch import InfoBatch
-from leanbatch.engine.data import ContractError, KeepAll
-
-if TYPE_CHECKING:
-    from leanbatch.engine.run import Run
+from leanbatch.engine.data import ArmRun, ContractError, KeepAll
 
 __all__ = ["TaskError", "calls_selection", "check_trained", "load_task", "uses_hook"]
 
@@ -135,7 +132,7 @@ def calls_selection(task: Any) -> bool:
     return uses_hook(task, "select") or uses_hook(task, "trainer")
 
 
-def check_trained(run: Run) -> None:
+def check_trained(run: ArmRun) -> None:
     """Raise :class:`ContractError` unless the arm trained what its data and budget say (the engine
     names the arm and the seed before the message)."""
     arm, data = run.arm, run.data
@@ -176,7 +173,7 @@ def check_trained(run: Run) -> None:
         )
 
 
-def _check_budget(run: Run, data: KeepAll) -> None:
+def _check_budget(run: ArmRun, data: KeepAll) -> None:
     """A keep-all arm: its batches of ``run.batch_size``, every epoch's samples served."""
     counts, batch = data.counts, run._batch
     if batch is not None and data.budget.batch != 1.0 and counts.largest > data.budget.rows(batch):

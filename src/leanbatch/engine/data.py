@@ -16,6 +16,10 @@ rows; the last epoch stops where the steps run out, later epochs serve nothing, 
 (what :class:`~leanbatch.ProgressLR` reads) is ``steps / T``, so the schedule ends at the arm's
 own end.
 
+:class:`ArmRun` is what the contract's checks (:mod:`~leanbatch.engine.contract`) and the framework
+wiring (:mod:`~leanbatch.engine.frameworks`) read and set of a :class:`~leanbatch.engine.run.Run`:
+they are given the run and type it by this protocol, so they never import the module that calls them.
+
 >>> b = Budget(steps=0.5)
 >>> b.total_steps(100, 4, 32), b.epochs(100, 4, 32), [b.served(e, 100, 4, 32) for e in range(4)]
 (8, 2, [100, 100, 0, 0])
@@ -25,8 +29,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import Tensor
@@ -34,12 +39,44 @@ from torch.utils.data import Dataset, Sampler
 
 from leanbatch import InfoBatch
 
-__all__ = ["Budget", "ContractError", "CountedInfoBatch", "KeepAll"]
+if TYPE_CHECKING:  # types of ArmRun's attributes only
+    from leanbatch.arms.methods import Arm
+    from leanbatch.selection.selector import Selector
+
+__all__ = ["ArmRun", "Budget", "ContractError", "CountedInfoBatch", "KeepAll"]
 
 
 class ContractError(ValueError):
     """A task broke the run contract (a budget not trained, a wrong return value): one line; the engine
     names the arm and the seed before it."""
+
+
+class ArmRun(Protocol):
+    """What :mod:`~leanbatch.engine.contract` and :mod:`~leanbatch.engine.frameworks` use of a
+    :class:`~leanbatch.engine.run.Run` (which calls them): a protocol, so the dependency points one way."""
+
+    arm: Arm
+    seed: int
+    label: str
+    kind: str
+    data: Any  # the arm's data (run.wrap) or a framework's (run.callback, run.trainer)
+    _batch: int | None
+    _selector: Selector | None
+    _sizes: tuple[int, int] | None
+
+    @property
+    def clock(self) -> Any: ...
+
+    @property
+    def total_steps(self) -> int | None: ...
+
+    def untimed(self) -> AbstractContextManager[None]: ...
+
+    def log(self, epoch: int | None = None, **values: Any) -> None: ...
+
+    def _check_data(self, dataset: Any, num_epochs: Any) -> tuple[int, int]: ...
+
+    def _served(self) -> int: ...
 
 
 def _round(x: float) -> int:

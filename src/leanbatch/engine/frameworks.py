@@ -22,14 +22,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from leanbatch import SelectiveBackprop
 from leanbatch.arms.registry import SelectorContext
-from leanbatch.engine.data import ContractError, CountedInfoBatch, _Counts
-
-if TYPE_CHECKING:
-    from leanbatch.engine.run import Run
+from leanbatch.engine.data import ArmRun, ContractError, CountedInfoBatch, _Counts
 
 __all__ = ["hf_trainer", "lightning_callback"]
 
@@ -44,7 +41,7 @@ def _numbers(metrics: Any) -> dict[str, float]:
     return out
 
 
-def _selector(run: Run, loss_fn: Any, proxy: Any) -> SelectiveBackprop | None:
+def _selector(run: ArmRun, loss_fn: Any, proxy: Any) -> SelectiveBackprop | None:
     if not run.arm.selects:
         return None
     sel = run.arm.selector(
@@ -59,7 +56,7 @@ def _selector(run: Run, loss_fn: Any, proxy: Any) -> SelectiveBackprop | None:
     return sel
 
 
-def _data(run: Run, dataset: Any, num_epochs: int, **options: Any) -> CountedInfoBatch:
+def _data(run: ArmRun, dataset: Any, num_epochs: int, **options: Any) -> CountedInfoBatch:
     """The arm's InfoBatch (every sample kept with weight 1 for a keep-all arm)."""
     run._sizes = run._check_data(dataset, num_epochs)
     if run.arm.prunes:
@@ -69,7 +66,7 @@ def _data(run: Run, dataset: Any, num_epochs: int, **options: Any) -> CountedInf
     return CountedInfoBatch(dataset, num_epochs, 0.0, seed=run.seed, policy="random", **options)
 
 
-def _limited(run: Run) -> int | None:
+def _limited(run: ArmRun) -> int | None:
     return run.total_steps if run.arm.budget != 1.0 or run.arm.batch != 1.0 else None
 
 
@@ -85,7 +82,7 @@ def _callback_class() -> type:
     class ArmCallback(LeanBatchCallback):  # type: ignore[misc, valid-type]
         """:class:`~leanbatch.lightning.LeanBatchCallback` for one arm: its budget, its clock, its log."""
 
-        def __init__(self, run: Run, *args: Any, **kwargs: Any):
+        def __init__(self, run: ArmRun, *args: Any, **kwargs: Any):
             super().__init__(*args, **kwargs)
             self.run, self._off = run, contextlib.ExitStack()
 
@@ -120,7 +117,7 @@ def _callback_class() -> type:
 
 
 def lightning_callback(
-    run: Run, dataset: Any, num_epochs: int, *, loss_fn: Any = None, proxy: Any = None, **kwargs: Any
+    run: ArmRun, dataset: Any, num_epochs: int, *, loss_fn: Any = None, proxy: Any = None, **kwargs: Any
 ) -> Any:
     """The arm's :class:`~leanbatch.lightning.LeanBatchCallback` (see the module docstring); ``loss_fn``:
     Selective Backprop's ``loss_fn(output, target, reduction="none")`` for ``lb.select``."""
@@ -147,7 +144,7 @@ def _trainer_class(base: type) -> type:
     class ArmTrainer(base):  # type: ignore[misc, valid-type]
         """The arm's trainer: counts its steps, evaluates off the clock, logs each evaluation."""
 
-        def __init__(self, *args: Any, run: Run, **kwargs: Any):
+        def __init__(self, *args: Any, run: ArmRun, **kwargs: Any):
             super().__init__(*args, **kwargs)
             self.run, self._training, self._skipped = run, False, 0
 
@@ -181,7 +178,9 @@ def _trainer_class(base: type) -> type:
     return ArmTrainer
 
 
-def hf_trainer(run: Run, *, args: Any, train_dataset: Any, trainer_class: Any = None, **kwargs: Any) -> Any:
+def hf_trainer(
+    run: ArmRun, *, args: Any, train_dataset: Any, trainer_class: Any = None, **kwargs: Any
+) -> Any:
     """The arm's ``transformers.Trainer`` (see the module docstring); ``trainer_class``: a ``Trainer``
     subclass of your own (the default: ``Trainer``)."""
     from transformers import Trainer
