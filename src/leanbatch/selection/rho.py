@@ -30,7 +30,7 @@ from leanbatch.selection.layout import Rows
 from leanbatch.selection.rules import TopRule
 from leanbatch.selection.schedule import Window
 from leanbatch.selection.selector import Selector
-from leanbatch.selection.sources import ForwardScores, Source, _check_indices
+from leanbatch.selection.sources import ForwardScores, Source, check_row_indices
 from leanbatch.selection.stats import SelectionStats
 
 __all__ = ["ReducibleScores", "RhoLoss"]
@@ -60,7 +60,7 @@ class ReducibleScores(Source):
                 "RhoLoss subtracts each row's irreducible loss, looked up by dataset index: it needs the "
                 "batch's dataset indices, select(..., indices=dataset_indices)"
             )
-        _check_indices(rows.indices, rows.n)
+        check_row_indices(rows.indices, rows.n)
         self._check_range(rows.indices)
         self.source.check_batch(rows, loss_fn)
 

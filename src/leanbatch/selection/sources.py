@@ -228,7 +228,7 @@ class MemoryScores(Source):
                 f"{self.method} ranks rows by the last trained loss of their dataset index: it needs "
                 "the batch's dataset indices, select(..., indices=dataset_indices)"
             )
-        _check_indices(rows.indices, rows.n)
+        check_row_indices(rows.indices, rows.n)
 
     def scores(self, rows: Rows, model: Any, loss_fn: Any, stats: SelectionStats) -> Tensor:
         assert rows.indices is not None  # check_batch ran
@@ -252,7 +252,12 @@ def _take(rows: Rows, at: Tensor) -> Rows:
     return Rows(None, inputs, target, int(at.shape[0]), rows.device)
 
 
-def _check_indices(indices: Any, n: int) -> None:
+def check_row_indices(indices: Any, n: int) -> None:
+    """Raise ``ValueError`` unless ``indices`` is a tensor of one dataset index per row, shape ``(n,)``.
+
+    Example:
+        >>> check_row_indices(torch.arange(3), 3)
+    """
     if not isinstance(indices, Tensor) or tuple(indices.shape) != (n,):
         shape = tuple(indices.shape) if isinstance(indices, Tensor) else type(indices).__name__
         raise ValueError(f"indices must be a tensor of shape ({n},) (one per example), got {shape}")
@@ -311,7 +316,7 @@ class StaleScores(MemoryScores):
             raise ValueError(
                 "Stale-SB (staleness >= 2) needs select(..., indices=dataset_indices, epoch=epoch)"
             )
-        _check_indices(rows.indices, rows.n)
+        check_row_indices(rows.indices, rows.n)
         if self.source is not None:
             self.source.check_batch(rows, loss_fn)
 
