@@ -41,12 +41,12 @@ def test_two_workers_fetching_at_once_each_keep_their_own_batches(monkeypatch):
     """Each worker process writes the keys of the batches it fetched into its own ring (by pid),
     so two workers fetching at once cannot overwrite each other: both batches match, in any
     order, and a batch nobody fetched does not. (White box: two worker pids simulated.)"""
-    import leanbatch.ledger as ledger
+    import leanbatch.fetches as fetches
 
     ds = InfoBatch(data(), 2, seed=0)
-    mine = ds.sampler.fetches  # the copy in each worker shares the tracked ring (shared memory)
+    mine = ds.sampler.fetches  # the copy in each worker shares the tracked table (shared memory)
     for pid, batch in ((1001, [3, 1, 2]), (1002, [9, 7, 8]), (1001, [6, 4, 5])):
-        monkeypatch.setattr(ledger.os, "getpid", lambda pid=pid: pid)  # not the training process
+        monkeypatch.setattr(fetches.os, "getpid", lambda pid=pid: pid)  # not the training process
         mine.fetched(batch)
     monkeypatch.undo()
     assert [mine.match(k) for k in ((3, 6, 5), (3, 3, 2), (3, 9, 8), (3, 0, 2))] == [True, True, True, False]

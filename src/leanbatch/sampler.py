@@ -31,7 +31,8 @@ from leanbatch.epochs import (
     warn_skipped,
     write_state,
 )
-from leanbatch.ledger import Fetches, Iteration, Position, Step, front
+from leanbatch.fetches import Fetches
+from leanbatch.ledger import Iteration, Position, Step, front
 from leanbatch.policies.base import Policy
 from leanbatch.policies.parts import Comm
 from leanbatch.policies.plan import Plan
