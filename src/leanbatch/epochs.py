@@ -48,6 +48,7 @@ __all__ = [
     "read_state",
     "warn_past_end",
     "warn_skipped",
+    "write_state",
 ]
 
 

@@ -89,12 +89,12 @@ class Fetches:
                 for _ in range(i + 1):
                     queue.popleft()
                 return n
-        keys = [] if self._rings is None else self._rings.keys()
-        for key in keys:
-            if key[0] == n:
-                assert self._rings is not None
-                self._rings.take(key)
-                return n
+        rings = self._rings
+        keys = [] if rings is None else rings.keys()
+        sized = next((key for key in keys if key[0] == n), None)
+        if rings is not None and sized is not None:
+            rings.take(sized)
+            return n
         return keys[0][0] if keys else queue[0][0] if queue else None
 
     def like(self, key: Key) -> Key | None:
@@ -180,11 +180,11 @@ class _Rings:
         if not v[0]:
             return None
         if key not in self.pending:
-            self._read(v, self.active)
-            if key not in self.pending:
-                self._read(v, self._discover(v))
-                if key not in self.pending:
-                    return False
+            self._read(v, self.active)  # the slots known to write, then any that began since
+        if key not in self.pending:
+            self._read(v, self._discover(v))
+        if key not in self.pending:
+            return False
         del self.pending[key]
         return True
 
