@@ -20,7 +20,7 @@ Example:
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -29,7 +29,7 @@ from torch import Tensor
 
 from leanbatch.policies.plan import Plan
 
-__all__ = ["Iteration", "Key", "Position", "Step", "front"]
+__all__ = ["Iteration", "Key", "Position", "Serving", "Step", "front"]
 
 Key = tuple[int, int, int]  # a batch: (size, first dataset index, last dataset index)
 
@@ -95,6 +95,7 @@ class Iteration:
     head: int = 0  # local position of chunks[0][0]
     head_end: int = 0  # local position just past chunks[0]
     ran_out: bool = False  # the consumer pulled past its last sample
+    passed: bool = False  # ... after training all of it: the loop's pass is over (len(): the next epoch's)
     batch: int = 0  # size of its first update (checks later ones when no fetch is recorded)
     inside: int = field(init=False)  # local positions holding a kept sample (the rest is padding)
 
@@ -128,18 +129,12 @@ class Iteration:
         self.lists.append(values)
         self.served += len(values)
 
-    def serve(self, seed: int, chunk_size: int) -> Iterator[int]:
-        """Serve the iteration's dataset indices, ``chunk_size`` positions at a time, each chunk
-        recorded as served before it is yielded (the plan's keyed order; a pure function of the
-        plan, ``seed`` and the positions)."""
-        while self.served < self.length:
-            count = min(chunk_size, self.length - self.served)
-            local = torch.arange(self.served, self.served + count, dtype=torch.int64)
-            idx = self.plan.serve(seed, local * self.world + (self.origin + self.rank))
-            values = idx.tolist()
-            self.add(idx, values)
-            yield from values
-        self.ran_out = True
+    def serve(self, seed: int, chunk_size: int, asked: Callable[[Iteration], None]) -> Serving:
+        """The iterator one ``iter()`` returns: the iteration's dataset indices, ``chunk_size``
+        positions at a time, each chunk recorded as served before it is yielded (the plan's keyed
+        order; a pure function of the plan, ``seed`` and the positions). Every ask past the end
+        calls ``asked(self)``."""
+        return Serving(self, seed, chunk_size, asked)
 
     def key(self, n: int) -> Key:
         """The :data:`Key` of the next ``n`` served, untrained samples (``n`` >= 1, served)."""
@@ -192,3 +187,46 @@ def front(its: deque[Iteration], n: int) -> Iteration | None:
     while len(its) > 1 and (its[0].done or its[0].in_flight < n):
         its.popleft()
     return its[0] if its else None
+
+
+class Serving:
+    """What ``iter(sampler)`` returns: an iterator object, not a generator, so that every ask past
+    the end is seen (an exhausted generator runs no code). torch's ``BatchSampler`` asks once more
+    after the last batch has been trained (the ``islice`` of the batch after it; after a short last
+    batch, a second time), so "every sample trained, and asked again" is the end of the loop's pass.
+
+    Example:
+        >>> from leanbatch.policies import full_plan
+        >>> it = Iteration(0, full_plan(0, 3), world=1, rank=0, origin=0, length=3)
+        >>> serving = it.serve(0, 2, lambda it: print("asked past the end, trained", it.trained))
+        >>> sorted(serving), iter(serving) is serving
+        asked past the end, trained 0
+        ([0, 1, 2], True)
+    """
+
+    __slots__ = ("_it", "_seed", "_chunk", "_asked", "_values")
+
+    def __init__(self, it: Iteration, seed: int, chunk_size: int, asked: Callable[[Iteration], None]):
+        self._it, self._seed, self._chunk, self._asked = it, seed, chunk_size, asked
+        self._values: Iterator[int] = iter(())
+
+    def __iter__(self) -> Serving:
+        return self
+
+    def __next__(self) -> int:
+        try:
+            return next(self._values)
+        except StopIteration:
+            pass
+        it = self._it
+        if it.served >= it.length:
+            it.ran_out = True
+            self._asked(it)
+            raise StopIteration
+        count = min(self._chunk, it.length - it.served)
+        local = torch.arange(it.served, it.served + count, dtype=torch.int64)
+        idx = it.plan.serve(self._seed, local * it.world + (it.origin + it.rank))
+        values = idx.tolist()
+        it.add(idx, values)
+        self._values = iter(values)
+        return next(self._values)

@@ -1,13 +1,11 @@
 """``PrunedSampler``: serves each epoch's plan, and owns the run: epochs, plans, what was trained.
 
 As torch's ``DistributedSampler`` owns its epoch, one object holds the epoch, its plan, what was
-served and trained (the ledger, :mod:`leanbatch.ledger`) and the position. An epoch serves the
-plan's kept indices in a keyed order (a Feistel permutation keyed by ``(seed, epoch)``, made
-chunk by chunk); rank ``r`` of ``W`` serves the global positions ``start + r, start + r + W, ...``
-of it. What a rank yields is a pure function of (plan, seed, epoch, rank, world, start), and
-serving runs no collective. Training, not serving, decides the epoch, the position, the plan
-whose weights apply, the progress and the checkpoint; planning (:mod:`leanbatch.epochs`) is a
-local, deterministic function of the merged scores.
+served and trained (:mod:`leanbatch.ledger`) and the position. An epoch serves the plan's kept
+indices in a keyed order; rank ``r`` of ``W`` serves the global positions ``start + r + k W``: a
+pure function of (plan, seed, epoch, rank, world, start), with no collective. Training, not
+serving, decides the epoch, the position, the plan whose weights apply, the progress and the
+checkpoint; planning (:mod:`leanbatch.epochs`) is local and deterministic.
 """
 
 from __future__ import annotations
@@ -29,6 +27,7 @@ from leanbatch.epochs import (
     read_state,
     warn_past_end,
     warn_skipped,
+    warn_stale_len,
     write_state,
 )
 from leanbatch.fetches import Fetches
@@ -57,10 +56,10 @@ class PrunedSampler(Sampler[int]):
     :class:`~leanbatch.distributed.ShardedScores` table.
 
     An epoch ends when its samples have been *trained*, not fetched. The next epoch is planned
-    when an ``iter()`` starts it (or :meth:`plan` asks for it), never earlier, never twice. Epochs
-    advance with :meth:`set_epoch` (on every rank: it merges the ranks' scores), or by themselves
-    when an iteration ran to its end. ``len()`` is the latest iteration's until the next begins.
-    The global numpy/torch/python random state is never used.
+    when an ``iter()`` starts it (or :meth:`plan` or ``len()`` asks for it), never earlier, never
+    twice. Epochs advance with :meth:`set_epoch` (on every rank: it merges the ranks' scores), or by
+    themselves when an iteration ran to its end. ``len()`` is the latest iteration's until the loop's
+    pass is over. The global numpy/torch/python random state is never used.
 
     Example:
         >>> import torch
@@ -71,7 +70,7 @@ class PrunedSampler(Sampler[int]):
         [0, 1, 2, 3, 4, 5, 6, 7]
         >>> idx, plan = sampler.claim(8)                 # trained: the losses of these 8 samples
         >>> table.update(idx, idx.float())               # scores 0..7, mean 3.5
-        >>> sampler.epoch, len(sampler)                  # len(): epoch 0's, until epoch 1 begins
+        >>> sampler.epoch, len(sampler)                  # len(): epoch 0's (not asked for more since)
         (1, 8)
         >>> order = list(sampler)
         >>> len(sampler), sampler.position
@@ -117,10 +116,10 @@ class PrunedSampler(Sampler[int]):
         self._unmerged = False  # trained since the last merge without the rows reaching every rank
         self._merged_at = scores.version  # the table's write count when every rank last agreed
         self._warned: set[str] = set()  # the warnings given (each once a run)
+        self._read_after: int | None = None  # a len() read after the latest iteration's last step
         self.fetches = Fetches()  # the batches fetched through the dataset, to check updates against
         self._distributed = False  # read at each iteration's start: steps store every rank's rows
 
-    # ------------------------------------------------------------------ ranks
     def _world_rank(self) -> tuple[int, int]:
         """``(world, rank)`` now: the given values, else the process group's (host-side reads)."""
         return world_and_rank(self.num_replicas, self.rank, self.process_group) if self.shard else (1, 0)
@@ -131,12 +130,9 @@ class PrunedSampler(Sampler[int]):
         return local_length(kept, start, w, self._round, self.drop_last)
 
     def set_round(self, size: int, drop_last: bool = False) -> None:
-        """Serve every epoch in whole rounds of ``size`` samples per rank: padded, wrapping to the
-        epoch's start, or with ``drop_last`` truncated.
-
-        For a framework that shards the *batches* of one global order (accelerate: ``size`` =
-        processes x batch size): it then never pads the last round itself, from the start of its
-        current pass, which after a mid-epoch resume is not the epoch's start.
+        """Serve every epoch in whole rounds of ``size`` samples per rank (padded, or with ``drop_last``
+        truncated), for a framework that shards the *batches* of one global order (accelerate: ``size``
+        = processes x batch size), so that it never pads a last round itself from a resumed pass's start.
 
         Example:
             >>> from leanbatch import InfoBatchPolicy, ScoreTable
@@ -147,18 +143,20 @@ class PrunedSampler(Sampler[int]):
         self._round = check_int(size, "size", 1)
         self.drop_last = check_bool(drop_last, "drop_last")
 
-    # ------------------------------------------------------------------ serving
     def __iter__(self) -> Iterator[int]:
         it = self._begin()
-        return iter(()) if it is None else it.serve(self.seed, self.chunk_size)
+        return iter(()) if it is None else it.serve(self.seed, self.chunk_size, self._asked)
 
     def __len__(self) -> int:
-        """Samples this rank serves in the latest iteration, until the next one begins (so it never
-        changes while a loop is inside an epoch, its last batch included); with none (at the start,
-        after :meth:`set_epoch` or a resume), in the one the next ``iter()`` begins."""
-        if self._its:
-            return self._its[-1].length
-        epoch, start = self._cursor
+        """Samples this rank serves in the latest iteration until its loop's pass is over (so it never
+        changes inside an epoch, its last batch included); with none (at the start, after
+        :meth:`set_epoch`, a resume, or a pass over), in the one the next ``iter()`` begins."""
+        latest = self._its[-1] if self._its else None
+        if latest is not None and not latest.passed:
+            if latest.done or (latest.ran_out and latest.in_flight < latest.batch):  # after its last step
+                self._read_after = latest.length  # checked when the next epoch begins
+            return latest.length
+        epoch, start = self._next()
         if epoch >= self.num_epochs:
             return 0
         return self._local_length(self.plan().order_length, start)
@@ -188,19 +186,25 @@ class PrunedSampler(Sampler[int]):
             self.fetches.clear()  # what was fetched for an abandoned iteration is never trained
         self._its = kept
         self._cursor = (epoch, 0)
+        read, self._read_after = self._read_after, None
         if epoch >= self.num_epochs:
-            if "past_end" not in self._warned:
-                self._warned.add("past_end")
-                warn_past_end(self.num_epochs, epoch)
+            warn_past_end(self._warned, self.num_epochs, epoch)
             return None
         plan = self._plan_of(epoch)
         self._distributed = is_distributed(self.process_group)
         world, rank = self._world_rank()
         it = Iteration(epoch, plan, world, rank, start, self._local_length(plan.order_length, start, world))
+        if read is not None and read != it.length and latest is not None and epoch > latest.epoch:
+            warn_stale_len(self._warned, latest.epoch, read, epoch, it.length)
         self._its.append(it)
         return it
 
-    # ------------------------------------------------------------------ where training stands
+    def _asked(self, it: Iteration) -> None:
+        """The loop asked ``it`` for more past its end. Once it is the latest and fully trained, the
+        loop's pass is over: ``len()`` is the next epoch's from now on (read at the top of the next
+        epoch, without :meth:`set_epoch`), the last epoch's stays."""
+        it.passed = it.done and it.epoch + 1 < self.num_epochs
+
     def _live(self) -> Iteration | None:
         """The latest iteration if it is being trained (not fully trained)."""
         return self._its[-1] if self._its and not self._its[-1].done else None
@@ -249,7 +253,6 @@ class PrunedSampler(Sampler[int]):
         it = self._live()
         return 0 if it is None else it.length - it.trained
 
-    # ------------------------------------------------------------------ planning
     def _plan_of(self, epoch: int) -> Plan:
         """Epoch ``epoch``'s plan: made now if it is not the latest one, never re-made."""
         if self._plan is None or self._plan.epoch != epoch:
@@ -272,7 +275,6 @@ class PrunedSampler(Sampler[int]):
             self.epoch_stats = [s for s in self.epoch_stats if s["epoch"] != epoch] + [stats]
         return self._plan
 
-    # ------------------------------------------------------------------ training
     def _serving(self, n: int, what: str) -> Iteration | None:
         """The iteration whose next ``n`` served samples the next update trains (nothing marked)."""
         it = front(self._its, n)
@@ -297,8 +299,7 @@ class PrunedSampler(Sampler[int]):
         """The step that trains the next ``n`` served samples (checked; nothing marked yet): the plan
         that served them, their indices (``indices=True``), how many score. ``batch``: they are one
         fetched batch, so ``n`` is checked against its size. Then :meth:`store` the scores and
-        :meth:`commit` the step. Without an iteration being served: the current plan, and
-        committing counts nothing.
+        :meth:`commit` the step (without an iteration being served: the current plan; nothing counts).
 
         Example:
             >>> from leanbatch import InfoBatchPolicy, ScoreTable
@@ -384,7 +385,6 @@ class PrunedSampler(Sampler[int]):
         assert step.indices is not None
         return step.indices
 
-    # ------------------------------------------------------------------ epochs and ranks
     def set_epoch(self, epoch: int) -> None:
         """Serve ``epoch`` (0-based) next; merges the ranks' scores (call it on every rank). The epoch
         being served again changes nothing (a resumed epoch keeps its position); any other epoch
@@ -392,9 +392,8 @@ class PrunedSampler(Sampler[int]):
         check_int(epoch, "epoch", 0)
         now = self.position
         nxt = now.epoch + int(now.trained > 0)
-        if "skip" not in self._warned and epoch > nxt and nxt < self.num_epochs:
-            self._warned.add("skip")
-            warn_skipped(epoch, nxt, self.num_epochs)
+        if nxt < epoch and nxt < self.num_epochs:
+            warn_skipped(self._warned, epoch, nxt, self.num_epochs)
         it = self._its[-1] if self._its else None
         if it is None:
             if epoch != self._cursor[0]:
@@ -412,7 +411,6 @@ class PrunedSampler(Sampler[int]):
             self._merged_at = self.scores.version
         self._unmerged = False
 
-    # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
         """Epoch, global position, the epoch's plan (mid-epoch) and the statistics: plain values.
 
