@@ -204,6 +204,8 @@ class PrunedSampler(Sampler[int]):
         loop's pass is over: ``len()`` is the next epoch's from now on (read at the top of the next
         epoch, without :meth:`set_epoch`), the last epoch's stays."""
         it.passed = it.done and it.epoch + 1 < self.num_epochs
+        if it.passed:  # a length read before this was inside the pass (the in-loop idiom): right
+            self._read_after = None
 
     def _live(self) -> Iteration | None:
         """The latest iteration if it is being trained (not fully trained)."""
