@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from leanbatch import cli
-from leanbatch.engine.results import rebuild
+from leanbatch.engine.judging.results import rebuild
 from leanbatch.engine.study import bench
 
 TASKS = Path(__file__).resolve().parent / "engine_tasks.py"
@@ -120,7 +120,7 @@ def _task(name: str):  # type: ignore[no-untyped-def]
 
 
 def _task_at(path: Path, name: str = "train"):  # type: ignore[no-untyped-def]
-    from leanbatch.engine.contract import load_task
+    from leanbatch.engine.running.contract import load_task
 
     return load_task(f"{path}:{name}")
 

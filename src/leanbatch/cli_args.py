@@ -388,8 +388,8 @@ def check_out_folder(out: Path) -> None:
         ...     print(e)
         --out /dev/null exists and is not a folder
     """
-    from leanbatch.engine.files import check_writable_folder
-    from leanbatch.engine.outputs import check_bench_out
+    from leanbatch.engine.judging.files import check_writable_folder
+    from leanbatch.engine.judging.outputs import check_bench_out
 
     if out.exists() and not out.is_dir():
         raise CLIError(f"--out {out} exists and is not a folder")
@@ -415,7 +415,7 @@ def check_micro_options(args: argparse.Namespace) -> Path | None:
         ...     print(e)
         --steps must be an int >= 1, got 0
     """
-    from leanbatch.engine.files import check_target, check_writable_folder
+    from leanbatch.engine.judging.files import check_target, check_writable_folder
 
     if args.micro is None:
         raise CLIError("micro needs a benchmark: plan, update or select (see leanbatch micro --help)")

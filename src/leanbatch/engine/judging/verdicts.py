@@ -36,6 +36,7 @@ __all__ = [
     "Interval",
     "SeedComparison",
     "better",
+    "default_goal",
     "interpolate",
     "interval",
     "judge",
@@ -47,28 +48,30 @@ __all__ = [
 CONFIDENCE = 0.95
 GOALS = ("max", "min")
 
-# Student's t, 97.5% quantile (two-sided 95%), for 1..30 degrees of freedom.
-_T975 = (
-    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
-    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
-    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
-)  # fmt: skip
-
 
 def t_quantile(df: int) -> float:
-    """The 97.5% quantile of Student's t with ``df`` degrees of freedom (a two-sided 95% interval):
-    tabulated up to 30, then the Cornish-Fisher expansion around the normal quantile (error < 1e-4).
+    """The 97.5% quantile of Student's t with ``df`` degrees of freedom (a two-sided 95% interval), by scipy.
 
     Example:
-        >>> t_quantile(2), round(t_quantile(1000), 3)
+        >>> round(t_quantile(2), 3), round(t_quantile(1000), 3)
         (4.303, 1.962)
     """
     if df < 1:
         raise ValueError(f"degrees of freedom must be >= 1, got {df}")
-    if df <= len(_T975):
-        return _T975[df - 1]
-    z = 1.959964
-    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+    from scipy.stats import t
+
+    return float(t.ppf(0.5 + CONFIDENCE / 2, df))
+
+
+def default_goal(metric: str) -> str:
+    """The goal of a metric when none is given: ``min`` for a loss, a perplexity or an error, else ``max``.
+
+    Example:
+        >>> default_goal("accuracy"), default_goal("eval_loss"), default_goal("perplexity")
+        ('max', 'min', 'min')
+    """
+    name = metric.lower()
+    return "min" if any(w in name for w in ("loss", "perplexity", "ppl", "error", "mse", "mae")) else "max"
 
 
 def better(a: float, b: float, goal: str) -> bool:

@@ -118,7 +118,7 @@ class RunRecord:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunRecord:
-        """A run read back from results.json (checked by :func:`~leanbatch.engine.results.check_payload`)."""
+        """A run read back from results.json (checked by :func:`~leanbatch.engine.judging.results.check_payload`)."""
         keys = set(cls.__dataclass_fields__)
         run = cls(**{k: v for k, v in d.items() if k in keys})
         epoch_keys = set(EpochRecord.__dataclass_fields__)

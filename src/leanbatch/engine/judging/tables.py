@@ -23,7 +23,7 @@ import math
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from leanbatch.engine.verdicts import std_of
+from leanbatch.engine.judging.verdicts import std_of
 
 __all__ = [
     "format_answer",

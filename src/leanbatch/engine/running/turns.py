@@ -14,7 +14,7 @@ the other arms' results.
 
 Example:
     >>> from leanbatch.arms.methods import parse_methods
-    >>> from leanbatch.engine.run import Run
+    >>> from leanbatch.engine.running.run import Run
     >>> turns = []
     >>> def task(run):
     ...     ds = run.wrap(list(range(8)), 2)
@@ -42,7 +42,7 @@ from typing import Any
 
 import torch
 
-from leanbatch.engine.run import Run
+from leanbatch.engine.running.run import Run
 
 __all__ = ["Stopped", "take_turns"]
 
@@ -125,7 +125,7 @@ def _stop(arm: _Arm) -> None:
 
 def take_turns(task: Callable[[Run], Any], runs: list[Run], whole: bool = False) -> list[tuple[Run, Any]]:
     """Run ``task`` once per run, in turns (``whole``: each run to its end before the next); each
-    run with its outcome: its :class:`~leanbatch.engine.records.RunRecord`, or the exception it
+    run with its outcome: its :class:`~leanbatch.engine.judging.records.RunRecord`, or the exception it
     raised, or :class:`Stopped` when Ctrl-C stopped it (then every unfinished arm is stopped)."""
     yielded = threading.Event()
     start = _rng_state()

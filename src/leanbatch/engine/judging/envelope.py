@@ -7,7 +7,7 @@ budgets*, ``--batch-budgets``). Per seed each family is the piecewise-linear cur
 runs' ``(training time, final metric)``; the full baseline belongs to both. The envelope at a
 time is the best of the families defined there (the higher for a ``max`` metric, the lower for a
 ``min`` one), never extrapolated. Every arm that is not a baseline is paired with it by seed at
-its own time and judged by the one rule of :mod:`~leanbatch.engine.verdicts`.
+its own time and judged by the one rule of :mod:`~leanbatch.engine.judging.verdicts`.
 
 Example:
     >>> curves = {"steps": [(10.0, 90.0), (30.0, 95.0)], "batch": [(20.0, 95.5), (30.0, 95.0)]}
@@ -22,8 +22,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from leanbatch.engine.records import RunRecord
-from leanbatch.engine.verdicts import CONFIDENCE, SeedComparison, better, interpolate, judge, mean_of, std_of
+from leanbatch.engine.judging.records import RunRecord
+from leanbatch.engine.judging.verdicts import (
+    CONFIDENCE,
+    SeedComparison,
+    better,
+    interpolate,
+    judge,
+    mean_of,
+    std_of,
+)
 
 __all__ = ["FAMILIES", "RULE", "envelope", "envelope_at", "family_of"]
 
@@ -95,7 +103,7 @@ def envelope(
     (each family's points, by share) and ``rows``: one comparison per arm that is not a baseline.
 
     Example:
-        >>> from leanbatch.engine.records import RunRecord
+        >>> from leanbatch.engine.judging.records import RunRecord
         >>> def run(label, kind, t, m, budget=1.0, batch=1.0):
         ...     return RunRecord(label, kind, 0, m, [], budget, batch, train_time_s=t)
         >>> runs = [run("baseline", "baseline", 4.0, 95.0), run("baseline[budget=0.5]", "baseline", 2.0, 90.0, 0.5),

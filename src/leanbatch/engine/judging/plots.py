@@ -19,9 +19,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from leanbatch.engine.envelope import envelope_at
-from leanbatch.engine.files import atomic_open
-from leanbatch.engine.verdicts import std_of
+from leanbatch.engine.judging.envelope import envelope_at
+from leanbatch.engine.judging.files import atomic_open
+from leanbatch.engine.judging.verdicts import std_of
 
 __all__ = ["PLOT_NAMES", "write_plots"]
 

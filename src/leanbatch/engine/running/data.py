@@ -16,10 +16,6 @@ rows; the last epoch stops where the steps run out, later epochs serve nothing, 
 (what :class:`~leanbatch.ProgressLR` reads) is ``steps / T``, so the schedule ends at the arm's
 own end.
 
-:class:`ArmRun` is what the contract's checks (:mod:`~leanbatch.engine.contract`) and the framework
-wiring (:mod:`~leanbatch.engine.frameworks`) read and set of a :class:`~leanbatch.engine.run.Run`:
-they are given the run and type it by this protocol, so they never import the module that calls them.
-
 >>> b = Budget(steps=0.5)
 >>> b.total_steps(100, 4, 32), b.epochs(100, 4, 32), [b.served(e, 100, 4, 32) for e in range(4)]
 (8, 2, [100, 100, 0, 0])
@@ -29,9 +25,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -39,11 +34,7 @@ from torch.utils.data import Dataset, Sampler
 
 from leanbatch import InfoBatch
 
-if TYPE_CHECKING:  # types of ArmRun's attributes only
-    from leanbatch.arms.methods import Arm
-    from leanbatch.selection.selector import Selector
-
-__all__ = ["ArmRun", "Budget", "ContractError", "CountedInfoBatch", "KeepAll"]
+__all__ = ["Budget", "ContractError", "Counts", "CountedInfoBatch", "KeepAll", "world_size"]
 
 
 class ContractError(ValueError):
@@ -51,32 +42,11 @@ class ContractError(ValueError):
     names the arm and the seed before it."""
 
 
-class ArmRun(Protocol):
-    """What :mod:`~leanbatch.engine.contract` and :mod:`~leanbatch.engine.frameworks` use of a
-    :class:`~leanbatch.engine.run.Run` (which calls them): a protocol, so the dependency points one way."""
+def world_size() -> int:
+    """The processes of torch.distributed's default group (1 outside a distributed run)."""
+    import torch.distributed as dist
 
-    arm: Arm
-    seed: int
-    label: str
-    kind: str
-    data: Any  # the arm's data (run.wrap) or a framework's (run.callback, run.trainer)
-    _batch: int | None
-    _selector: Selector | None
-    _sizes: tuple[int, int] | None
-
-    @property
-    def clock(self) -> Any: ...
-
-    @property
-    def total_steps(self) -> int | None: ...
-
-    def untimed(self) -> AbstractContextManager[None]: ...
-
-    def log(self, epoch: int | None = None, **values: Any) -> None: ...
-
-    def _check_data(self, dataset: Any, num_epochs: Any) -> tuple[int, int]: ...
-
-    def _served(self) -> int: ...
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def _round(x: float) -> int:
@@ -143,7 +113,7 @@ class Budget:
         return 0 if left <= 0 else samples if left >= per_epoch else min(samples, left * rows)
 
 
-class _Counts:
+class Counts:
     """Steps and rows a wrapper's ``update()`` trained, and its largest step."""
 
     def __init__(self) -> None:
@@ -170,7 +140,7 @@ class CountedInfoBatch(InfoBatch):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.counts = _Counts()
+        self.counts = Counts()
 
     def update(self, loss: Tensor, *args: Any, **kwargs: Any) -> Tensor:
         out = super().update(loss, *args, **kwargs)
@@ -189,12 +159,12 @@ class _Serving(Sampler[int]):
         epoch = d._next
         d._next, d._current, d._trained_in_epoch = epoch + 1, epoch, 0
         order = d._order(epoch)
-        n = d._served(epoch)
+        n = d.to_serve(epoch)
         d.served[epoch] = n
         return iter(order[:n].tolist())
 
     def __len__(self) -> int:
-        return self.data._served(self.data.epoch)  # the epoch being served, or the next one
+        return self.data.to_serve(self.data.epoch)  # the epoch being served, or the next one
 
     def set_epoch(self, epoch: int) -> None:
         self.data.set_epoch(epoch)
@@ -222,13 +192,12 @@ class KeepAll(Dataset):
         seed: int = 0,
         budget: Budget = Budget(),
         batch_size: Callable[[], int | None] = lambda: None,
-        label: str = "this arm",
     ):
-        self.dataset, self.seed, self.budget, self.label = dataset, seed, budget, label
+        self.dataset, self.seed, self.budget = dataset, seed, budget
         self._num_epochs, self._batch_size = int(num_epochs), batch_size
         self._samples = len(dataset)
         self.sampler = _Serving(self)
-        self.counts = _Counts()
+        self.counts = Counts()
         self.served: dict[int, int] = {}  # samples served per epoch (this rank's)
         self._next, self._current, self._trained_in_epoch = 0, -1, 0
         self._drawn: tuple[int, torch.Generator, Tensor] | None = None
@@ -253,9 +222,7 @@ class KeepAll(Dataset):
     def _world(self) -> tuple[int, int]:
         import torch.distributed as dist
 
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank(), dist.get_world_size()
-        return 0, 1
+        return (dist.get_rank(), world_size()) if world_size() > 1 else (0, 1)
 
     def _share(self) -> int:
         return math.ceil(self._samples / self._world()[1])
@@ -269,7 +236,8 @@ class KeepAll(Dataset):
             )
         return size
 
-    def _served(self, epoch: int) -> int:
+    def to_serve(self, epoch: int) -> int:
+        """Samples this arm serves in ``epoch`` (this process's share)."""
         if not self.budget.limited:
             return self._share() if epoch < self._num_epochs else 0
         return self.budget.served(epoch, self._share(), self._num_epochs, self._rows())

@@ -3,7 +3,7 @@
 A selection rule is worth its name only if it beats the same budget spent at random. The
 ``controls`` section of results.json pairs each method with its twin by seed: the difference in
 final metric (method minus twin, each at its own time), its 95% t interval and the verdict of
-:func:`~leanbatch.engine.verdicts.interval`.
+:func:`~leanbatch.engine.judging.verdicts.interval`.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from leanbatch.engine.records import RunRecord
-from leanbatch.engine.verdicts import CONFIDENCE, interval, mean_of
+from leanbatch.engine.judging.records import RunRecord
+from leanbatch.engine.judging.verdicts import CONFIDENCE, interval, mean_of
 
 __all__ = ["RULE", "controls"]
 

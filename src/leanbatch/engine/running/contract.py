@@ -8,7 +8,7 @@
 - :func:`check_trained` holds a finished arm to what the arm's data counted: a budget arm trained
   its steps on its batches, every arm trained what its data served.
 
-Each refusal is a :class:`~leanbatch.engine.data.ContractError` (or :class:`TaskError`) of one line.
+Each refusal is a :class:`~leanbatch.engine.running.data.ContractError` (or :class:`TaskError`) of one line.
 
 Example:
     >>> try:
@@ -30,7 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from leanbatch import InfoBatch
-from leanbatch.engine.data import ArmRun, ContractError, KeepAll
+from leanbatch.arms.methods import Arm
+from leanbatch.engine.running.data import ContractError, KeepAll
+from leanbatch.engine.running.tally import served
+from leanbatch.selection import Selector
 
 __all__ = ["TaskError", "calls_selection", "check_trained", "load_task", "uses_hook"]
 
@@ -132,40 +135,35 @@ def calls_selection(task: Any) -> bool:
     return uses_hook(task, "select") or uses_hook(task, "trainer")
 
 
-def check_trained(run: ArmRun) -> None:
-    """Raise :class:`ContractError` unless the arm trained what its data and budget say (the engine
-    names the arm and the seed before the message)."""
-    arm, data = run.arm, run.data
+def check_trained(
+    arm: Arm, data: Any, selector: Selector | None, batch: int | None, total_steps: Callable[[], int | None]
+) -> None:
+    """Raise :class:`ContractError` unless ``arm`` trained what its ``data``, its ``selector``, the
+    task's ``batch`` size and its ``total_steps`` say (the engine names the arm and the seed before
+    the message)."""
     if data is None:
-        if arm.prunes or arm.budget != 1.0 or arm.batch != 1.0:
+        if arm.prunes or arm.limited:
             raise ContractError(
                 "the task never called run.wrap(dataset, num_epochs) (or run.callback / run.trainer), so the "
                 "arm's method and budget were never applied"
             )
         return
-    if arm.selects and (run._selector is None or run._selector.stats.batches == 0):
+    if arm.selects and (selector is None or selector.stats.batches == 0):
         raise ContractError("the task never called run.select(...), the batch-level selection hook")
     counts = data.counts
-    served = None
-    if isinstance(data, (InfoBatch, KeepAll)):
-        served = run._served()
-    if served is not None and counts.rows > served:
+    if isinstance(data, (InfoBatch, KeepAll)) and counts.rows > (n := served(data, arm.limited)):
         raise ContractError(
-            f"trained {counts.rows} samples but its data served {served}: pass sampler=ds.sampler to the "
+            f"trained {counts.rows} samples but its data served {n}: pass sampler=ds.sampler to the "
             "DataLoader (not shuffle=True)"
         )
     if isinstance(data, KeepAll):
-        _check_budget(run, data)
-    elif (
-        isinstance(data, InfoBatch)
-        and not (arm.budget != 1.0 or arm.batch != 1.0)
-        and len(data.epoch_stats) < data.num_epochs
-    ):
+        _check_budget(data, batch)
+    elif isinstance(data, InfoBatch) and not arm.limited and len(data.epoch_stats) < data.num_epochs:
         raise ContractError(
             f"planned {len(data.epoch_stats)} of its {data.num_epochs} epochs: iterate ds.sampler "
             "(DataLoader(ds, sampler=ds.sampler)) in every epoch"
         )
-    total = run.total_steps if arm.budget != 1.0 or arm.batch != 1.0 else None
+    total = total_steps() if arm.limited else None
     if total is not None and counts.steps != total:
         raise ContractError(
             f"trained {counts.steps} steps, not the {total} its budget says: train on DataLoader(ds, "
@@ -173,9 +171,9 @@ def check_trained(run: ArmRun) -> None:
         )
 
 
-def _check_budget(run: ArmRun, data: KeepAll) -> None:
+def _check_budget(data: KeepAll, batch: int | None) -> None:
     """A keep-all arm: its batches of ``run.batch_size``, every epoch's samples served."""
-    counts, batch = data.counts, run._batch
+    counts = data.counts
     if batch is not None and data.budget.batch != 1.0 and counts.largest > data.budget.rows(batch):
         raise ContractError(
             f"trained batches of {counts.largest} rows where run.batch_size({batch}) is "
@@ -183,10 +181,10 @@ def _check_budget(run: ArmRun, data: KeepAll) -> None:
         )
     if data.budget.limited and batch is None:
         return  # the sampler said so already, when it was iterated
-    planned = sum(data._served(e) for e in range(data.num_epochs))
-    served = sum(data.served.values())
-    if served < planned:
+    planned = sum(data.to_serve(e) for e in range(data.num_epochs))
+    n = sum(data.served.values())
+    if n < planned:
         raise ContractError(
-            f"its data served {served} of the {planned} samples of its {data.num_epochs} epochs: iterate "
+            f"its data served {n} of the {planned} samples of its {data.num_epochs} epochs: iterate "
             "ds.sampler in every epoch, for range(ds.epoch, ds.num_epochs)"
         )

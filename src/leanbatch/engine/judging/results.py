@@ -5,8 +5,8 @@ results.json (schema ``leanbatch.bench/3``, every key in ``docs/results-json.md`
 ``config`` (the task, the metric and its goal, the seeds, one entry per arm, the budgets, the
 task's own settings), ``versions``, ``data`` (what the task trained on, as the task says),
 ``tolerance``, ``summary`` (one row per arm), ``envelope`` / ``envelope_cpu`` (every arm against the
-envelope: :mod:`~leanbatch.engine.envelope`), ``controls`` (against the uniform twins:
-:mod:`~leanbatch.engine.controls`) and ``runs`` (every run, per epoch).
+envelope: :mod:`~leanbatch.engine.judging.envelope`), ``controls`` (against the uniform twins:
+:mod:`~leanbatch.engine.judging.controls`) and ``runs`` (every run, per epoch).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import platform
 from collections.abc import Sequence
 from typing import Any
 
-from leanbatch.engine.controls import controls
-from leanbatch.engine.envelope import envelope
-from leanbatch.engine.records import RunRecord
-from leanbatch.engine.verdicts import GOALS, better, mean_of, std_of
+from leanbatch.engine.judging.controls import controls
+from leanbatch.engine.judging.envelope import envelope
+from leanbatch.engine.judging.records import RunRecord
+from leanbatch.engine.judging.verdicts import GOALS, better, mean_of, std_of
 
 __all__ = ["SCHEMA", "build_results", "check_payload", "merge_results", "rebuild", "summarize", "versions"]
 
