@@ -62,7 +62,8 @@ from pathlib import Path
 from typing import Any
 
 from leanbatch.engine.judging.outputs import write_results
-from leanbatch.engine.judging.results import SCHEMA, rebuild
+from leanbatch.engine.judging.parts import rebuild
+from leanbatch.engine.judging.results import SCHEMA
 
 OLD = "leanbatch.bench/2"
 _INFOBATCH = {"prune_ratio": "prune_ratio", "delta": "delta", "ib_target": "target",

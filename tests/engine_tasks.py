@@ -171,3 +171,30 @@ def interrupted_at_the_fourth_epoch(run):  # type: ignore[no-untyped-def]
         ds.update(torch.ones(len(x)))
     run.log(epoch=0, metric=1.0)
     return 1.0
+
+
+NOISE: dict[str, float] = {}  # label -> seconds slept in every training step (timing noise, no randomness)
+
+
+def noisy(run):  # type: ignore[no-untyped-def]
+    """``train``, sleeping ``NOISE[run.label]`` seconds in every training step: the same training, other times."""
+    torch.manual_seed(run.seed)
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    ds = run.wrap(TRAIN, EPOCHS)
+    loader = DataLoader(ds, batch_size=run.batch_size(32), sampler=ds.sampler)
+    sched = ProgressLR(opt, ds, cosine(warmup=0.03))
+    acc = 0.0
+    for epoch in range(ds.epoch, EPOCHS):
+        ds.set_epoch(epoch)
+        for x, y in loader:
+            loss = ds.update(F.cross_entropy(model(x), y, reduction="none"))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+            time.sleep(NOISE.get(run.label, 0.0))
+        with run.untimed():
+            acc = _accuracy(model)
+        run.log(epoch=epoch, metric=acc)
+    return acc

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from leanbatch import cli
-from leanbatch.engine.judging.results import rebuild
+from leanbatch.engine.judging.parts import rebuild
 from leanbatch.engine.study import bench
 
 TASKS = Path(__file__).resolve().parent / "engine_tasks.py"

@@ -120,7 +120,7 @@ def test_arms_are_paired_with_the_envelope_per_seed_and_judged_by_the_goal(goal:
         for s, t in late.items():
             runs.append(_run(label, s, t, sign * (best(t, OFFSETS[s]) + gain * (0.5 + 0.1 * s))))
     runs += [_run("too-quick", s, 9.0 if s == 0 else 12.0, 95.0) for s in OFFSETS]
-    section = envelope(runs, goal=goal)
+    section = envelope(runs, clock="wall", goal=goal)
     rows = {r["method"]: r for r in section["rows"]}
     ahead = rows["ahead"]
     assert [p["diff"] for p in ahead["per_seed"]] == pytest.approx([sign * 0.5, sign * 0.6, sign * 0.7])
@@ -135,11 +135,11 @@ def test_arms_are_paired_with_the_envelope_per_seed_and_judged_by_the_goal(goal:
         and quick["per_seed"][0]["reference"] is None
     )
     cpu = envelope(runs, clock="cpu", goal=goal)
-    assert cpu["families"]["batch"][0]["time_s_mean"] == pytest.approx(24.0)  # CPU = 2 x wall here
+    assert cpu["families"]["batch"][0]["cost_mean"] == pytest.approx(24.0)  # CPU = 2 x wall here
 
 
 def test_one_seed_is_undecided_and_a_single_reference_run_is_no_envelope() -> None:
     one = judge([])
     assert one.verdict == "no envelope"
     runs = [_run("baseline", 0, 20.0, 90.0), _run("sb", 0, 20.0, 91.0)]
-    assert envelope(runs)["rows"][0]["verdict"] == "no envelope"
+    assert envelope(runs, clock="wall")["rows"][0]["verdict"] == "no envelope"

@@ -37,9 +37,9 @@ def run_report(args: argparse.Namespace) -> int:
         report_folder,
         results_file,
     )
+    from leanbatch.engine.judging.parts import merge_results, rebuild
     from leanbatch.engine.judging.plots import PLOT_NAMES
     from leanbatch.engine.judging.report import publish
-    from leanbatch.engine.judging.results import merge_results, rebuild
 
     sources = [results_file(Path(r)) for r in args.results]
     if len(sources) > 1 and not args.out:
@@ -47,7 +47,7 @@ def run_report(args: argparse.Namespace) -> int:
     try:
         payloads = [read_results(s) for s in sources]
         merged = payloads[0] if len(sources) == 1 else merge_results(payloads, [str(s) for s in sources])
-        payload = rebuild({**merged, "config": {**merged["config"], "clock": args.clock}}, str(sources[0]))
+        payload = rebuild(merged, str(sources[0]), args.clock)
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
         raise CLIError(
             str(e)

@@ -45,7 +45,7 @@ def bench(
     goal: str | None = None,
     interleave: str = "epoch",
     tolerance: float = 0.2,
-    clock: str = "wall",
+    clock: str = "work",
     out: str | Path | None = None,
     plots: bool = True,
 ) -> Report:
@@ -53,7 +53,9 @@ def bench(
     the baseline's ``budgets`` and ``batch_budgets``, default ``0.5,0.7,0.85,1`` and ``0.5,0.7``; the
     twins with ``controls``) at every seed and return the :class:`~leanbatch.engine.judging.report.Report`;
     with ``out``, also write results.json, the plots and report.html there. ``goal``: ``max`` or
-    ``min`` (default: :func:`~leanbatch.engine.judging.verdicts.default_goal` of the ``metric``'s name).
+    ``min`` (default: :func:`~leanbatch.engine.judging.verdicts.default_goal` of the ``metric``'s name);
+    ``clock``: what the arms are compared at, ``work`` (FLOP-weighted passes: the same training gives
+    the same verdicts on any machine), ``wall`` or ``cpu``.
     Bad input: ``ValueError`` of one line."""
     try:
         arms = study_arms(

@@ -85,18 +85,18 @@ def better(a: float, b: float, goal: str) -> bool:
 
 
 def interpolate(points: Sequence[tuple[float, float]], t: float) -> float | None:
-    """The value of the piecewise-linear curve through ``(time, metric)`` points at time ``t``.
+    """The value of the piecewise-linear curve through ``(cost, metric)`` points at cost ``t`` (work or time).
 
-    Points are taken in order of time (runs at equal times are averaged); ``None`` when ``t`` is
-    outside the measured times or there are fewer than two distinct times: never extrapolated.
+    Points are taken in order of cost (runs at equal costs are averaged); ``None`` when ``t`` is
+    outside the measured costs or there are fewer than two distinct costs: never extrapolated.
 
     Example:
         >>> interpolate([(20.0, 94.0), (10.0, 90.0)], 12.5), interpolate([(10.0, 90.0), (20.0, 94.0)], 21.0)
         (91.0, None)
     """
     merged: dict[float, list[float]] = {}
-    for time, value in points:
-        merged.setdefault(float(time), []).append(float(value))
+    for cost, value in points:
+        merged.setdefault(float(cost), []).append(float(value))
     xs = sorted(merged)
     if len(xs) < 2 or not xs[0] <= t <= xs[-1]:
         return None
@@ -151,7 +151,7 @@ def interval(diffs: Sequence[float], goal: str = "max") -> Interval:
 
 @dataclass
 class SeedComparison:
-    """One seed of an arm against a reference curve (the envelope) at the arm's own time.
+    """One seed of an arm against a reference curve (the envelope) at the arm's own cost (on the study's clock).
 
     ``range`` is ``inside``, ``faster`` (quicker than every reference run of the seed), ``slower``
     (slower than every one), ``gap`` (between two families, neither defined there) or ``none``
@@ -159,7 +159,7 @@ class SeedComparison:
     """
 
     seed: int
-    time_s: float
+    cost: float | None
     metric: float
     reference: float | None
     diff: float | None
@@ -169,7 +169,7 @@ class SeedComparison:
 
 @dataclass
 class Comparison:
-    """An arm at equal time: its paired differences to the reference and the verdict: ``better``,
+    """An arm at equal cost: its paired differences to the reference and the verdict: ``better``,
     ``on``, ``worse``, ``out of range`` (some seed outside the reference's times), ``undecided`` (one
     seed) or ``no envelope`` (fewer than two reference runs at some seed). The aggregate fields are
     None unless every seed is inside.
@@ -177,7 +177,7 @@ class Comparison:
 
     seeds: list[int]
     metric_mean: float
-    time_s_mean: float
+    cost_mean: float | None
     reference_mean: float | None = None
     diff_mean: float | None = None
     diff_std: float | None = None
@@ -206,7 +206,7 @@ def judge(per_seed: Sequence[SeedComparison], goal: str = "max") -> Comparison:
     result = Comparison(
         seeds=[p.seed for p in per_seed],
         metric_mean=mean_of([p.metric for p in per_seed]),
-        time_s_mean=mean_of([p.time_s for p in per_seed]),
+        cost_mean=None if any(p.cost is None for p in per_seed) else mean_of([p.cost for p in per_seed]),  # type: ignore[misc]
         faster=sum(p.range == "faster" for p in per_seed),
         slower=sum(p.range == "slower" for p in per_seed),
         per_seed=per_seed,

@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import importlib.util
 import inspect
@@ -35,7 +36,9 @@ from leanbatch.engine.running.data import ContractError, KeepAll
 from leanbatch.engine.running.tally import served
 from leanbatch.selection import Selector
 
-__all__ = ["TaskError", "calls_selection", "check_trained", "load_task", "uses_hook"]
+__all__ = ["TaskError", "calls_selection", "check_trained", "load_task", "task_identity", "uses_hook"]
+
+_FILE_TASK = "leanbatch_task_"  # the module name a task loaded from a file is given, before its path's hash
 
 
 class TaskError(ValueError):
@@ -51,7 +54,7 @@ def load_task(spec: str) -> Callable[[Any], Any]:
             path = Path(where)
             if not path.is_file():
                 raise TaskError(f"--task {where}: no such file")
-            mod_name = f"leanbatch_task_{abs(hash(str(path.resolve())))}"
+            mod_name = f"{_FILE_TASK}{abs(hash(str(path.resolve())))}"
             loader_spec = importlib.util.spec_from_file_location(mod_name, path)
             assert loader_spec is not None and loader_spec.loader is not None
             module = importlib.util.module_from_spec(loader_spec)
@@ -87,6 +90,30 @@ def check_callable(task: Any, what: str) -> None:
         ) from None
     except ValueError:  # a builtin without a signature: accept
         pass
+
+
+def task_identity(task: Any) -> dict[str, str | None]:
+    """What tells one task from another in results.json: its module, its function (a callable
+    object's class) and the SHA-256 of its source file (None where it has none).
+
+    Example:
+        >>> identity = task_identity(task_identity)
+        >>> identity["module"], identity["function"], len(identity["sha256"])
+        ('leanbatch.engine.running.contract', 'task_identity', 64)
+    """
+    obj = task if inspect.isfunction(task) or inspect.ismethod(task) else type(task)
+    module = sys.modules.get(obj.__module__ or "")
+    try:
+        source = inspect.getsourcefile(obj)
+    except TypeError:  # a builtin
+        source = None
+    sha = hashlib.sha256(Path(source).read_bytes()).hexdigest() if source and Path(source).is_file() else None
+    name = getattr(module, "__file__", None) if obj.__module__.startswith(_FILE_TASK) else None
+    return {
+        "module": Path(name).stem if name else obj.__module__,
+        "function": obj.__qualname__,
+        "sha256": sha,
+    }
 
 
 def _codes(code: types.CodeType) -> Iterator[types.CodeType]:

@@ -22,7 +22,7 @@ from typing import Any
 from leanbatch.arms.methods import DEFAULT_METHODS, Arm
 from leanbatch.engine.judging.records import RunRecord
 from leanbatch.engine.judging.verdicts import GOALS
-from leanbatch.engine.running.contract import TaskError, calls_selection, check_callable
+from leanbatch.engine.running.contract import TaskError, calls_selection, check_callable, task_identity
 from leanbatch.engine.running.data import ContractError
 from leanbatch.engine.running.run import Run
 from leanbatch.engine.running.turns import Stopped, take_turns
@@ -58,7 +58,7 @@ class Study:
     goal: str = "max"
     interleave: str = "epoch"
     tolerance: float = 0.2
-    clock: str = "wall"
+    clock: str = "work"
     controls: bool = False
     config: dict[str, Any] = field(default_factory=dict)
     data: dict[str, Any] = field(default_factory=dict)
@@ -83,6 +83,7 @@ class Study:
         base = [a for a in self.arms if a.kind == "baseline"]
         return {
             **self.config,
+            "task_id": task_identity(self.task),
             "metric": self.metric,
             "goal": self.goal,
             "seeds": list(self.seeds),
