@@ -129,7 +129,7 @@ def test_results_json_is_the_documented_schema(tiny_run: tuple[int, str, Path]) 
     assert rows["infobatch"]["loaded_fraction"] < 1.0 and rows["sb"]["loaded_fraction"] == 1.0
     assert rows["sb"]["backward_fraction"] < 1.0 < rows["sb"]["forward_fraction"]  # the selection pass
     assert rows["infobatch+sb"]["backward_fraction"] < rows["infobatch"]["backward_fraction"]
-    run = payload["runs"][0]
+    run = next(r for r in payload["runs"] if r["method"] == "baseline")
     assert len(payload["runs"]) == 14 and len(run["epochs"]) == 3 and run["num_samples"] == 320
     assert (
         set(run["epochs"][0]["values"]) == {"test_loss", "train_loss", "lr"}

@@ -116,7 +116,7 @@ def _run_options(b: Any) -> None:
     g.add_argument(
         "--methods",
         default=None,
-        help=f"comma-separated method kinds, each optionally with settings in brackets (an arm of its own), e.g. 'infobatch+sb[start=0.2,keep=0.7]' (default {','.join(DEFAULT_METHODS)}; for a --task that never calls run.select, the ones that do not select); every kind below",
+        help=f"comma-separated method kinds, each optionally with settings in brackets (an arm of its own), e.g. 'infobatch+sb[start=0.2,keep=0.7]' (default {','.join(DEFAULT_METHODS)}; those that select are left out when a --task trains without run.select); every kind below",
     )
     g.add_argument("--seeds", default=None, help="comma-separated seeds (default 0; --quick: 0,1,2)")
     g.add_argument(

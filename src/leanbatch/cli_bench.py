@@ -151,13 +151,13 @@ def study_from(args: argparse.Namespace) -> Study:
     """Every option checked and the task loaded, before anything trains: the :class:`~leanbatch.engine.running.study.Study`."""
     from leanbatch.arms.methods import DEFAULT_METHODS
     from leanbatch.engine.judging.verdicts import default_goal
-    from leanbatch.engine.running.study import Study, default_methods
+    from leanbatch.engine.running.study import Study
 
     check_training_options(args)
 
     if args.task:
         task, config, data, seeds_text = _user_task(args)
-        arms = _arms(args, default_methods(task))
+        arms = _arms(args, ",".join(DEFAULT_METHODS))
     else:
         arms = _arms(args, ",".join(DEFAULT_METHODS))
         task, config, data, seeds_text = _image_task(args, arms)
@@ -180,6 +180,8 @@ def study_from(args: argparse.Namespace) -> Study:
         config,
         data,
         command,
+        optional=args.methods is None,
+        metric_option="--metric {}",
     )
     study.check()
     return study
@@ -232,9 +234,12 @@ def _bench(args: argparse.Namespace, main: bool) -> int:
             command=study.command, failed=outcome.failed,
         )  # fmt: skip
 
+    wrote: list[Path] = []
+
     def saved(outcome: Outcome) -> None:
         if main:
             write_results(unfinished, payload(outcome, True))
+            wrote.append(unfinished)
 
     t0 = time.perf_counter()
     status = _status_line(study) if main and not args.no_progress and sys.stderr.isatty() else None
@@ -243,6 +248,8 @@ def _bench(args: argparse.Namespace, main: bool) -> int:
     )
     if status is not None:
         print("\r\033[K", end="", file=sys.stderr)
+    if _stopped(outcome, wrote[-1:]):
+        return 2
     if not main:
         return 130 if outcome.interrupted else 0
     if not outcome.runs:
@@ -260,6 +267,22 @@ def _bench(args: argparse.Namespace, main: bool) -> int:
         unfinished.unlink(missing_ok=True)  # this study's own per-seed saves, now complete
     print(f"\nwrote {', '.join(str(p) for p in written)} ({time.perf_counter() - t0:.0f} s in all)")
     return _status(outcome, target, out / RESULTS)
+
+
+def _stopped(outcome: Outcome, saves: list[Path]) -> bool:
+    """The default methods left out (a note), and whether a shared breach stopped the study (then its
+    one line, and this study's own ``saves`` removed: nothing half-judged is kept)."""
+    if outcome.left_out:
+        print(f"leanbatch: note: {', '.join(outcome.left_out)} left out: the task trains without run.select(...), "
+              "the batch-level selection hook (the default methods select only in a loop that calls it)")  # fmt: skip
+    if outcome.stopped is None:
+        return False
+    for path in saves:
+        path.unlink(missing_ok=True)
+    s = outcome.stopped
+    print(f"leanbatch: error: {s['method']} seed {s['seed']}: {s['error']}; the study stopped, nothing written",
+          file=sys.stderr)  # fmt: skip
+    return True
 
 
 def _status(outcome: Outcome, target: Path, results: Path) -> int:

@@ -12,8 +12,8 @@ Example:
     ...         run.log(epoch=epoch, metric=float(w))
     ...     return float(w)
     >>> report = bench(train, methods="baseline,random", seeds=[0, 1], budgets=[0.5, 1.0], batch_budgets=[])
-    >>> [row["method"] for row in report["summary"]], report["runs"][1]["steps"]
-    (['baseline', 'baseline[budget=0.5]', 'random'], 8)
+    >>> [row["method"] for row in report["summary"]], [r["steps"] for r in report["runs"] if r["seed"] == 0]
+    (['baseline', 'baseline[budget=0.5]', 'random'], [8, 16, 16])
 """
 
 from __future__ import annotations
@@ -23,12 +23,13 @@ from pathlib import Path
 from typing import Any
 
 from leanbatch.arms.grid import study_arms
-from leanbatch.arms.methods import ArmError
+from leanbatch.arms.methods import DEFAULT_METHODS, ArmError
 from leanbatch.engine.judging.report import Report
 from leanbatch.engine.judging.results import build_results
 from leanbatch.engine.judging.verdicts import default_goal
+from leanbatch.engine.running.data import StudyError
 from leanbatch.engine.running.run import Run
-from leanbatch.engine.running.study import Study, default_methods, run_study
+from leanbatch.engine.running.study import Study, run_study
 
 __all__ = ["bench"]
 
@@ -49,17 +50,20 @@ def bench(
     out: str | Path | None = None,
     plots: bool = True,
 ) -> Report:
-    """Run ``task`` under every arm (``methods``, default :func:`~leanbatch.engine.running.study.default_methods`;
+    """Run ``task`` under every arm (``methods``, default ``baseline,random,infobatch,sb,infobatch+sb``,
+    the batch-level ones left out when the task trains a step without ``run.select``;
     the baseline's ``budgets`` and ``batch_budgets``, default ``0.5,0.7,0.85,1`` and ``0.5,0.7``; the
     twins with ``controls``) at every seed and return the :class:`~leanbatch.engine.judging.report.Report`;
     with ``out``, also write results.json, the plots and report.html there. ``goal``: ``max`` or
     ``min`` (default: :func:`~leanbatch.engine.judging.verdicts.default_goal` of the ``metric``'s name);
     ``clock``: what the arms are compared at, ``work`` (FLOP-weighted passes: the same training gives
     the same verdicts on any machine), ``wall`` or ``cpu``.
-    Bad input: ``ValueError`` of one line."""
+    Bad input, and a breach of the contract every arm shares (no ``metric``, batches larger than
+    ``run.batch_size``, a budget the loop cannot train), found at its first sign:
+    ``ValueError`` of one line (:class:`~leanbatch.engine.running.data.StudyError`), nothing judged."""
     try:
         arms = study_arms(
-            default_methods(task) if methods is None else methods,
+            ",".join(DEFAULT_METHODS) if methods is None else methods,
             budgets=budgets,
             batch_budgets=batch_budgets,
             controls=controls,
@@ -68,9 +72,13 @@ def bench(
         raise ValueError(str(e)) from None
     name = getattr(task, "__qualname__", type(task).__name__)
     study = Study(task, arms, [int(s) for s in seeds], metric, goal or default_goal(metric), interleave,
-                  tolerance, clock, controls, {"task": name}, {"name": name}, f"leanbatch.engine.bench({name})")  # fmt: skip
+                  tolerance, clock, controls, {"task": name}, {"name": name}, f"leanbatch.engine.bench({name})",
+                  optional=methods is None)  # fmt: skip
     study.check()
     outcome = run_study(study)
+    if outcome.stopped is not None:
+        s = outcome.stopped
+        raise StudyError(f"{s['method']} seed {s['seed']}: {s['error']}; the study stopped, nothing judged")
     payload = build_results(
         outcome.runs, study.config_entry(), study.data, tolerance=tolerance, interrupted=outcome.interrupted,
         command=study.command, failed=outcome.failed,

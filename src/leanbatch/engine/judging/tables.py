@@ -206,7 +206,7 @@ def _pm(mean: float | None, std: float | None) -> str:
 
 
 def format_envelope(section: dict[str, Any], metric: str) -> str:
-    """The envelope's points, then every arm against the envelope (paired by seed, at its own time).
+    """The envelope's points, then every arm against the envelope (paired by seed, at its own cost).
 
     Example:
         >>> format_envelope({"families": {}, "rows": []}, "accuracy")

@@ -2,9 +2,7 @@
 
 - :func:`load_task` reads ``path/to/file.py:train`` or ``package.module:train`` and checks that the
   name is a function of one argument, the run.
-- :func:`uses_hook` tells, before anything trains, whether a task's code ever calls a hook
-  (``run.select`` for batch-level arms): the names its functions use, and those of every function
-  of its module and the functions it imports.
+- :func:`task_identity`: what tells one task from another (its module, function and file's hash).
 - :func:`check_trained` holds a finished arm to what the arm's data counted: a budget arm trained
   its steps on its batches, every arm trained what its data served.
 
@@ -25,8 +23,7 @@ import importlib
 import importlib.util
 import inspect
 import sys
-import types
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +33,7 @@ from leanbatch.engine.running.data import ContractError, KeepAll
 from leanbatch.engine.running.tally import served
 from leanbatch.selection import Selector
 
-__all__ = ["TaskError", "calls_selection", "check_trained", "load_task", "task_identity", "uses_hook"]
+__all__ = ["TaskError", "check_trained", "load_task", "task_identity"]
 
 _FILE_TASK = "leanbatch_task_"  # the module name a task loaded from a file is given, before its path's hash
 
@@ -102,64 +99,15 @@ def task_identity(task: Any) -> dict[str, str | None]:
         ('leanbatch.engine.running.contract', 'task_identity', 64)
     """
     obj = task if inspect.isfunction(task) or inspect.ismethod(task) else type(task)
-    module = sys.modules.get(obj.__module__ or "")
+    name = getattr(obj, "__module__", None) or ""
+    module = sys.modules.get(name)
     try:
         source = inspect.getsourcefile(obj)
     except TypeError:  # a builtin
         source = None
     sha = hashlib.sha256(Path(source).read_bytes()).hexdigest() if source and Path(source).is_file() else None
-    name = getattr(module, "__file__", None) if obj.__module__.startswith(_FILE_TASK) else None
-    return {
-        "module": Path(name).stem if name else obj.__module__,
-        "function": obj.__qualname__,
-        "sha256": sha,
-    }
-
-
-def _codes(code: types.CodeType) -> Iterator[types.CodeType]:
-    yield code
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            yield from _codes(const)
-
-
-def _functions(obj: Any) -> Iterator[types.CodeType]:
-    """The code of a function or method, or of every method of a class."""
-    obj = getattr(obj, "__func__", obj)
-    if inspect.isfunction(obj):
-        yield obj.__code__
-    elif inspect.isclass(obj):
-        for member in vars(obj).values():
-            if not inspect.isclass(member):
-                yield from _functions(member)
-
-
-def uses_hook(task: Any, hook: str) -> bool:
-    """Whether the code of ``task`` (a function, or an object whose class has ``__call__``) or of any
-    function or class defined in its module (nested functions and methods included) names ``hook``.
-
-    Example:
-        >>> def train(run):
-        ...     return run.select((1,)).batch
-        >>> uses_hook(train, "select"), uses_hook(train, "callback")
-        (True, False)
-    """
-    module = sys.modules.get(getattr(task, "__module__", None) or "")
-    roots: list[Any] = [task, type(task)]
-    if module is not None:
-        roots += [v for v in vars(module).values() if getattr(v, "__module__", None) == module.__name__]
-    return any(hook in c.co_names for root in roots for code in _functions(root) for c in _codes(code))
-
-
-def calls_selection(task: Any) -> bool:
-    """Whether ``task`` selects rows of its batches: its code calls ``run.select`` (a Lightning task's
-    ``lb.select`` too), or builds its trainer with ``run.trainer`` (the Hugging Face adapter selects itself).
-
-    Example:
-        >>> calls_selection(lambda run: run.wrap([1], 1))
-        False
-    """
-    return uses_hook(task, "select") or uses_hook(task, "trainer")
+    file = getattr(module, "__file__", None) if name.startswith(_FILE_TASK) else None
+    return {"module": Path(file).stem if file else name, "function": obj.__qualname__, "sha256": sha}
 
 
 def check_trained(

@@ -40,7 +40,15 @@ from leanbatch import InfoBatch
 from leanbatch.arms.methods import Arm
 from leanbatch.arms.registry import SelectorContext
 from leanbatch.engine.judging.records import EpochRecord, RunRecord
-from leanbatch.engine.running.data import Budget, ContractError, CountedInfoBatch, KeepAll, world_size
+from leanbatch.engine.running.data import (
+    Budget,
+    ContractError,
+    CountedInfoBatch,
+    HookMissing,
+    KeepAll,
+    StudyError,
+    world_size,
+)
 from leanbatch.engine.running.selecting import Pick, select
 from leanbatch.engine.running.tally import Tally
 from leanbatch.selection import Selector
@@ -118,9 +126,19 @@ class Run:
     """
 
     def __init__(
-        self, arm: Arm, seed: int, metric: str = "metric", on_log: Callable[[Run], None] | None = None
+        self,
+        arm: Arm,
+        seed: int,
+        metric: str = "metric",
+        on_log: Callable[[Run], None] | None = None,
+        *,
+        metric_option: str = "metric={!r}",
+        optional: bool = False,
     ):
         self.arm, self.seed, self.metric_name, self._on_log = arm, int(seed), metric, on_log
+        # how the study names its metric ("--metric {}" on the command line); a default method, left
+        # out (HookMissing) when the task has no hook for it
+        self._metric_option, self._optional = metric_option, optional
         self.label, self.kind, self.settings = arm.label, arm.kind, dict(arm.settings)
         self.data: Any = None  # the arm's data (run.wrap) or a framework's (run.callback, run.trainer)
         self.epochs: list[EpochRecord] = []
@@ -133,6 +151,7 @@ class Run:
         self._sizes: tuple[int, int] | None = None  # (samples, epochs) of the full run
         self._min_batch = 1
         self._batches = 0  # run.select calls since the last run.log (a batch's index in its epoch)
+        self._selected = self._stepped = False  # run.select called; a step trained
         self._tally = Tally()
         self._policy: Any = None  # a pruning arm's policy (its pruning epochs: the histograms')
         self._load = [_load_avg()]
@@ -149,12 +168,15 @@ class Run:
         self._min_batch = int(min_batch)
         if self.arm.prunes:
             self._policy = policy = self.arm.policy(num_epochs, self.seed)
-            self.data = CountedInfoBatch(dataset, num_epochs, seed=self.seed, policy=policy)
+            self.data = CountedInfoBatch(
+                dataset, num_epochs, seed=self.seed, policy=policy, on_step=self._step
+            )
         else:
             budget = Budget(self.arm.budget, self.arm.batch, self._min_batch)
             self.data = KeepAll(
-                dataset, num_epochs, seed=self.seed, budget=budget, batch_size=lambda: self._batch
-            )
+                dataset, num_epochs, seed=self.seed, budget=budget, batch_size=lambda: self._batch,
+                on_step=self._step,
+            )  # fmt: skip
         self.clock.start()
         return self.data
 
@@ -203,8 +225,28 @@ class Run:
         """A framework arm's InfoBatch: the arm's policy, or every sample kept with weight 1."""
         if self.arm.prunes:
             policy = self._policy = self.arm.policy(num_epochs, self.seed)
-            return CountedInfoBatch(dataset, num_epochs, seed=self.seed, policy=policy, **options)
-        return CountedInfoBatch(dataset, num_epochs, 0.0, seed=self.seed, policy="random", **options)
+            return CountedInfoBatch(
+                dataset, num_epochs, seed=self.seed, policy=policy, on_step=self._step, **options
+            )
+        return CountedInfoBatch(
+            dataset, num_epochs, 0.0, seed=self.seed, policy="random", on_step=self._step, **options
+        )
+
+    def _step(self, rows: int) -> None:
+        """Every training step of the arm's data, before it trains: the checks only a step can make."""
+        if not self._stepped:
+            self._stepped = True
+            stats = None if self._selector is None else self._selector.stats
+            if self.arm.selects and not self._selected and (stats is None or stats.batches == 0):
+                raise (HookMissing if self._optional else StudyError)(
+                    "it selects rows of each batch, but the task trained a step without run.select(...), the "
+                    "batch-level selection hook: add it to the loop (docs/bench.md) or leave the arm out"
+                )
+        if self._batch is not None and rows > (most := Budget(batch=self.arm.batch).rows(self._batch)):
+            raise StudyError(
+                f"trained a batch of {rows} rows where run.batch_size({self._batch}) gave {most}: build the "
+                "DataLoader with batch_size=run.batch_size(B)"
+            )
 
     def _selector_for(self, **context: Any) -> Selector | None:
         """The arm's selector (None for an arm that does not select), built at the first call."""
@@ -231,6 +273,8 @@ class Run:
         pruning arm's epochs are shorter: read ``ds.progress``). Needs ``run.wrap`` and ``run.batch_size``."""
         if not self.arm.limited:
             return None
+        if isinstance(self.data, KeepAll) and self._batch is not None:
+            return self.data.total_steps  # the loader's own steps, once its first epoch showed them
         if self._sizes is None or self._batch is None:
             raise ContractError("run.total_steps needs run.wrap(...) and run.batch_size(...) first")
         samples = math.ceil(self._sizes[0] / world_size())
@@ -265,7 +309,7 @@ class Run:
         proxy and ``irreducible() -> losses`` gives ``rho-loss`` its holdout losses (both called once);
         ``lr``: the main run's learning rate, which a proxy follows."""
         idx = self._batches if batch_idx is None else batch_idx
-        self._batches += 1
+        self._batches, self._selected = self._batches + 1, True
         selector = self._selector_for(proxy=proxy, irreducible=irreducible)
         if selector is None:
             return Pick(batch, None, indices)
@@ -290,10 +334,18 @@ class Run:
         self.notes.update(values)
 
     def log(self, epoch: int | None = None, **values: Any) -> None:
-        """Record an epoch's numbers: the metric (``metric=``, or the study's metric name) and any
-        others; then the engine may run another arm's epoch before this call returns."""
+        """Record an epoch's numbers: the metric (``metric=``, or the study's metric name; ``None`` for
+        an epoch not evaluated) and any others; then the engine may run another arm's epoch before
+        this call returns. Numbers without the metric stop the study (it is misnamed)."""
         self.clock.pause()
+        named = self.metric_name in values or "metric" in values
         metric = values.pop(self.metric_name, values.pop("metric", None))
+        if not named and values:  # an epoch not evaluated says so: run.log(metric=None, ...)
+            raise StudyError(
+                f"run.log(...) gave {', '.join(values)} but no {self.metric_name!r}: {self._name_it(values)}"
+            )
+        if isinstance(self.data, KeepAll) and self.data.exhausted:
+            self.data.end_epoch()
         counts = self._count()
         threshold, pruning = self._tally.plans(self.data, self._policy)
         self.epochs.append(
@@ -338,17 +390,24 @@ class Run:
             histograms=self._tally.histograms, load_avg=self._load, notes=dict(self.notes),
         )  # fmt: skip
 
+    def _name_it(self, values: Any) -> str:
+        """How to name the metric among ``values`` (a task's logged or returned names)."""
+        names = [str(k) for k in values]
+        if len(names) == 1:
+            return f"name it with {self._metric_option.format(names[0])}"
+        return f"name the one to judge with {self._metric_option.format('NAME')} ({', '.join(names)})"
+
     def _final(self, returned: Any) -> float:
         name = self.metric_name
         if isinstance(returned, Mapping):
             if name not in returned:
                 got = ", ".join(map(str, returned)) or "nothing"
-                raise ContractError(f"the task returned {{{got}}} but not the metric {name!r} (--metric)")
+                raise StudyError(
+                    f"the task returned {{{got}}} but not the metric {name!r}: {self._name_it(returned)}"
+                )
             returned = returned[name]
         if returned is None:
-            raise ContractError(
-                f"the task returned no number: return the final {name} (or a dict holding it)"
-            )
+            raise StudyError(f"the task returned no number: return the final {name} (or a dict holding it)")
         value = _number(returned, f"the task's returned {name}")
         if not math.isfinite(value):
             raise ContractError(f"the task returned {value} as its {name}: a finite number is needed")

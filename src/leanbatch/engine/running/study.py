@@ -3,7 +3,11 @@
 The seeds run one after another; the arms of a seed take turns epoch by epoch
 (:mod:`~leanbatch.engine.running.turns`; ``interleave="run"``: whole runs, the order rotated per
 seed). A task that raises ends its own arm only: the other arms' runs are kept and the failing
-arm is listed in ``failed``.
+arm is listed in ``failed``. A breach every arm shares
+(:class:`~leanbatch.engine.running.data.StudyError`: no metric, batches larger than
+``run.batch_size``, a budget the loop cannot train, a hook it never calls) stops the study at its
+first sign (``stopped``); a default batch-level method whose hook the task never calls is left out
+(``left_out``).
 
 Example:
     >>> from leanbatch.arms.grid import study_arms
@@ -19,37 +23,24 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from leanbatch.arms.methods import DEFAULT_METHODS, Arm
+from leanbatch.arms.methods import Arm
 from leanbatch.engine.judging.records import RunRecord
 from leanbatch.engine.judging.verdicts import GOALS
-from leanbatch.engine.running.contract import TaskError, calls_selection, check_callable, task_identity
-from leanbatch.engine.running.data import ContractError
+from leanbatch.engine.running.contract import TaskError, check_callable, task_identity
+from leanbatch.engine.running.data import ContractError, HookMissing, StudyError
 from leanbatch.engine.running.run import Run
 from leanbatch.engine.running.turns import Stopped, take_turns
 
-__all__ = ["Outcome", "Study", "default_methods", "run_study"]
-
-
-def default_methods(task: Any) -> str:
-    """``--methods``' default for ``task``: every default kind, but the batch-level ones (``sb``,
-    ``infobatch+sb``) only for a task whose code calls the selection hook (``run.select``, or a
-    Hugging Face task's ``run.trainer``, whose trainer selects itself).
-
-    Example:
-        >>> default_methods(lambda run: run.wrap([1], 1))
-        'baseline,random,infobatch'
-    """
-    from leanbatch.arms.registry import REGISTRY
-
-    selects = calls_selection(task)
-    return ",".join(k for k in DEFAULT_METHODS if selects or not REGISTRY[k].selects)
+__all__ = ["Outcome", "Study", "run_study"]
 
 
 @dataclass
 class Study:
     """What to run: the ``task``, its ``arms``, the ``seeds``; the ``metric``'s name and ``goal``; how
     the arms take turns (``interleave``: ``epoch`` or ``run``); what results.json records besides
-    (``config``: the task's settings; ``data``: what it trains on; ``command``)."""
+    (``config``: the task's settings; ``data``: what it trains on; ``command``); ``optional``: the
+    methods are the defaults, and a batch-level one is left out when the task never calls its hook;
+    ``metric_option``: how the caller names the metric, for the messages (``--metric {}``)."""
 
     task: Callable[[Run], Any]
     arms: list[Arm]
@@ -63,6 +54,9 @@ class Study:
     config: dict[str, Any] = field(default_factory=dict)
     data: dict[str, Any] = field(default_factory=dict)
     command: str | list[str] | None = None
+    optional: bool = False
+    metric_option: str = "metric={!r}"
+    left_out: list[str] = field(default_factory=list)  # default methods the task has no hook for
 
     def check(self) -> None:
         """Refuse, before anything trains, what cannot run: :class:`~leanbatch.engine.running.contract.TaskError`."""
@@ -71,12 +65,6 @@ class Study:
             raise TaskError(f"goal must be max or min, got {self.goal!r}")
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise TaskError(f"seeds must be distinct integers, at least one: got {self.seeds}")
-        selecting = [a.label for a in self.arms if a.selects]
-        if selecting and not calls_selection(self.task):
-            raise TaskError(
-                f"{', '.join(selecting)} select(s) rows of each batch, but the task never calls run.select(...), "
-                "the batch-level selection hook: add it to the loop (docs/bench.md) or drop them from --methods"
-            )
 
     def config_entry(self) -> dict[str, Any]:
         """results.json's ``config``."""
@@ -94,16 +82,20 @@ class Study:
             "interleave": self.interleave,
             "clock": self.clock,
             "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+            **({"left_out": list(self.left_out)} if self.left_out else {}),
         }
 
 
 @dataclass
 class Outcome:
-    """The finished runs of a study, the arms that failed (``method``, ``seed``, ``error``), Ctrl-C."""
+    """The finished runs of a study, the arms that failed (``method``, ``seed``, ``error``), Ctrl-C;
+    the breach that stopped it (``stopped``, as a failure), the default methods left out."""
 
     runs: list[RunRecord] = field(default_factory=list)
     failed: list[dict[str, Any]] = field(default_factory=list)
     interrupted: bool = False
+    stopped: dict[str, Any] | None = None
+    left_out: list[str] = field(default_factory=list)
 
 
 def _line(e: BaseException) -> str:
@@ -121,25 +113,42 @@ def run_study(
     on_log: Callable[[Run], None] | None = None,
 ) -> Outcome:
     """Train every arm at every seed (``on_run`` after each finished run, ``on_seed`` after each seed,
-    ``on_log`` at each ``run.log``)."""
+    ``on_log`` at each ``run.log``). A default method left out is taken off ``study.arms``."""
     out = Outcome()
     try:
         for k, seed in enumerate(study.seeds):
             # rotated per seed, so a slow spell does not always land on the same arm (whole runs: a task
             # that never calls run.log, or interleave="run"; epoch by epoch: the first round)
-            arms = study.arms[k % len(study.arms) :] + study.arms[: k % len(study.arms)]
-            runs = [Run(arm, seed, study.metric, on_log) for arm in arms]
+            # the strictest contracts first (batch budgets, step budgets): a breach shows in the first epoch
+            order = sorted(study.arms, key=lambda a: (a.batch == 1.0, not a.limited))
+            arms = order[k % len(order) :] + order[: k % len(order)]
+            runs = [Run(arm, seed, study.metric, on_log, metric_option=study.metric_option,
+                        optional=study.optional) for arm in arms]  # fmt: skip
             for run, result in take_turns(study.task, runs, whole=study.interleave == "run"):
-                if isinstance(result, RunRecord):
-                    out.runs.append(result)
-                    on_run(result)
-                elif isinstance(result, Stopped):
-                    out.interrupted = True
-                else:
-                    out.failed.append({"method": run.label, "seed": seed, "error": _line(result)})
+                _record(out, run, seed, result, on_run)
+            study.arms = [a for a in study.arms if a.label not in out.left_out]
+            study.left_out = list(out.left_out)
+            if out.stopped is not None:
+                out.interrupted = False  # the others were stopped by the breach, not by Ctrl-C
+                break
             on_seed(out)
             if out.interrupted:
                 break
     except KeyboardInterrupt:  # between two seeds' turns: the finished runs are kept
         out.interrupted = True
     return out
+
+
+def _record(out: Outcome, run: Run, seed: int, result: Any, on_run: Callable[[RunRecord], None]) -> None:
+    """One arm's outcome into ``out``."""
+    if isinstance(result, RunRecord):
+        out.runs.append(result)
+        on_run(result)
+    elif isinstance(result, StudyError):
+        out.stopped = {"method": run.label, "seed": seed, "error": _line(result)}
+    elif isinstance(result, HookMissing):
+        out.left_out.append(run.label)
+    elif isinstance(result, Stopped):
+        out.interrupted = True
+    else:
+        out.failed.append({"method": run.label, "seed": seed, "error": _line(result)})
