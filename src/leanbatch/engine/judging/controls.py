@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from leanbatch.engine.judging.records import RunRecord, work_scale
-from leanbatch.engine.judging.verdicts import CONFIDENCE, interval, mean_of
+from leanbatch.engine.judging.verdicts import CONFIDENCE, interval, mean_of, spread_of
 
 __all__ = ["RULE", "controls"]
 
@@ -53,8 +53,8 @@ def controls(
                 "seeds": [a.seed for a, _ in pairs],
                 "metric_mean": mean_of([a.metric for a, _ in pairs]),
                 "control_metric_mean": mean_of([b.metric for _, b in pairs]),
-                "cost_mean": _mean([cost[id(a)] for a, _ in pairs]),
-                "control_cost_mean": _mean([cost[id(b)] for _, b in pairs]),
+                "cost_mean": spread_of([cost[id(a)] for a, _ in pairs])[0],
+                "control_cost_mean": spread_of([cost[id(b)] for _, b in pairs])[0],
                 "diff_mean": stats.mean,
                 "diff_std": stats.std,
                 "ci_low": stats.low,
@@ -74,7 +74,3 @@ def controls(
             }
         )
     return {"clock": clock, "goal": goal, "rule": RULE, "confidence": CONFIDENCE, "rows": rows}
-
-
-def _mean(xs: Sequence[float | None]) -> float | None:
-    return None if any(x is None for x in xs) else mean_of(xs)  # type: ignore[arg-type]

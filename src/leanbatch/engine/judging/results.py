@@ -24,7 +24,7 @@ from typing import Any
 from leanbatch.engine.judging.controls import controls
 from leanbatch.engine.judging.envelope import envelope
 from leanbatch.engine.judging.records import RunRecord, work_scale
-from leanbatch.engine.judging.verdicts import better, mean_of, std_of
+from leanbatch.engine.judging.verdicts import better, mean_of, spread_of, std_of
 
 __all__ = ["SCHEMA", "build_results", "summarize", "timing", "versions"]
 
@@ -38,14 +38,6 @@ def _to_target(run: RunRecord, target: float, goal: str, clock: str, scale: floa
     return None
 
 
-def _mean(xs: Sequence[float | None]) -> float | None:
-    return None if not xs or any(x is None for x in xs) else mean_of(xs)  # type: ignore[arg-type]
-
-
-def _std(xs: Sequence[float | None]) -> float | None:
-    return None if not xs or any(x is None for x in xs) else std_of(xs)  # type: ignore[arg-type]
-
-
 def _realised(rs: Sequence[RunRecord], base: Sequence[RunRecord], scale: float) -> dict[str, Any]:
     """The wall clock's share of the saving, per seed against the full baseline of that seed (its mean
     where that seed has none): ``actual`` = baseline time / arm time, ``achieved`` = actual / ideal."""
@@ -56,10 +48,8 @@ def _realised(rs: Sequence[RunRecord], base: Sequence[RunRecord], scale: float) 
     actual = [by_seed.get(r.seed, mean_time) / r.train_time_s if r.train_time_s > 0 else None for r in rs]
     ideal = [None if (w := r.cost("work", scale)) is None or w <= 0 else 1.0 / w for r in rs]
     achieved = [None if a is None or i is None else a / i for a, i in zip(actual, ideal, strict=True)]
-    return {
-        "actual_speedup": _mean(actual), "actual_speedup_std": _std(actual),
-        "achieved_of_ideal": _mean(achieved), "achieved_std": _std(achieved),
-    }  # fmt: skip
+    (a, a_std), (b, b_std) = spread_of(actual), spread_of(achieved)
+    return {"actual_speedup": a, "actual_speedup_std": a_std, "achieved_of_ideal": b, "achieved_std": b_std}
 
 
 def summarize(
@@ -82,7 +72,7 @@ def summarize(
     base, scale = groups.get("baseline", []), work_scale(runs)
     base_time = mean_of([r.train_time_s for r in base]) if base else None
     base_cpu = mean_of([r.train_cpu_time_s for r in base]) if base else None
-    base_cost = _mean([r.cost(clock, scale) for r in base])
+    base_cost = spread_of([r.cost(clock, scale) for r in base])[0]
     base_metric = mean_of([r.metric for r in base]) if base else None
     target = (
         None if base_metric is None else base_metric - tolerance if goal == "max" else base_metric + tolerance
@@ -91,11 +81,11 @@ def summarize(
     for lab, rs in groups.items():
         metrics, times = [r.metric for r in rs], [r.train_time_s for r in rs]
         tot = [r.totals() for r in rs]
-        frac = {k: _mean([t[k] for t in tot]) for k in tot[0]}
-        cost = _mean([r.cost(clock, scale) for r in rs])
+        frac = {k: spread_of([t[k] for t in tot])[0] for k in tot[0]}
+        cost = spread_of([r.cost(clock, scale) for r in rs])[0]
         reach = [_to_target(r, target, goal, clock, scale) for r in rs] if target is not None else []
         cpu = mean_of([r.train_cpu_time_s for r in rs])
-        work = _mean([r.cost("work", scale) for r in rs])
+        work = spread_of([r.cost("work", scale) for r in rs])[0]
         rows.append({
             "method": lab, "kind": rs[0].kind, "budget": rs[0].budget, "batch": rs[0].batch,
             "seeds": [r.seed for r in rs], "metric_mean": mean_of(metrics), "metric_std": std_of(metrics),
@@ -105,7 +95,7 @@ def summarize(
             "time_ratio_vs_baseline": mean_of(times) / base_time if base_time else None,
             "cpu_time_s_mean": cpu, "cpu_speedup": base_cpu / cpu if base_cpu and cpu else None, **frac,
             "ideal_speedup": 1.0 / work if work else None, **_realised(rs, base, scale), "target": target,
-            "to_target": _mean([t for t in reach if t is not None]) if reach and None not in reach else None,
+            "to_target": spread_of([t for t in reach if t is not None])[0] if reach and None not in reach else None,
             "reached_target": None if target is None else sum(t is not None for t in reach),
         })  # fmt: skip
     return rows

@@ -41,6 +41,7 @@ __all__ = [
     "interval",
     "judge",
     "mean_of",
+    "spread_of",
     "std_of",
     "t_quantile",
 ]
@@ -241,3 +242,15 @@ def std_of(xs: Sequence[float]) -> float:
         (1.4142135623730951, 0.0)
     """
     return float(statistics.stdev(xs)) if len(xs) > 1 else 0.0
+
+
+def spread_of(xs: Sequence[float | None]) -> tuple[float | None, float | None]:
+    """The mean and the standard deviation of ``xs`` over seeds; ``(None, None)`` when any is missing.
+
+    Example:
+        >>> spread_of([1.0, 3.0])[0], spread_of([1.0, None])
+        (2.0, (None, None))
+    """
+    if not xs or any(x is None for x in xs):
+        return None, None
+    return mean_of(xs), std_of(xs)  # type: ignore[arg-type]

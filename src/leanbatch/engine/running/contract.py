@@ -111,11 +111,11 @@ def task_identity(task: Any) -> dict[str, str | None]:
 
 
 def check_trained(
-    arm: Arm, data: Any, selector: Selector | None, batch: int | None, total_steps: Callable[[], int | None]
+    arm: Arm, data: Any, selector: Selector | None, total_steps: Callable[[], int | None]
 ) -> None:
-    """Raise :class:`ContractError` unless ``arm`` trained what its ``data``, its ``selector``, the
-    task's ``batch`` size and its ``total_steps`` say (the engine names the arm and the seed before
-    the message)."""
+    """Raise :class:`ContractError` unless ``arm`` trained what its ``data``, its ``selector`` and its
+    ``total_steps`` say (the engine names the arm and the seed before the message). What a step
+    shows (its size, samples never served, a budget's epochs) was checked as it trained."""
     if data is None:
         if arm.prunes or arm.limited:
             raise ContractError(
@@ -126,40 +126,24 @@ def check_trained(
     if arm.selects and (selector is None or selector.stats.batches == 0):
         raise ContractError("the task never called run.select(...), the batch-level selection hook")
     counts = data.counts
-    if isinstance(data, (InfoBatch, KeepAll)) and counts.rows > (n := served(data, arm.limited)):
+    if isinstance(data, InfoBatch) and counts.rows > (n := served(data, arm.limited)):
         raise ContractError(
             f"trained {counts.rows} samples but its data served {n}: pass sampler=ds.sampler to the "
             "DataLoader (not shuffle=True)"
         )
+    epochs, planned = data.num_epochs, None
     if isinstance(data, KeepAll):
-        _check_budget(data, batch)
-    elif isinstance(data, InfoBatch) and not arm.limited and len(data.epoch_stats) < data.num_epochs:
+        planned = sum(data.to_serve(e) for e in range(epochs)) > sum(data.served.values())
+    elif isinstance(data, InfoBatch) and not arm.limited:
+        planned = len(data.epoch_stats) < epochs
+    if planned:
         raise ContractError(
-            f"planned {len(data.epoch_stats)} of its {data.num_epochs} epochs: iterate ds.sampler "
-            "(DataLoader(ds, sampler=ds.sampler)) in every epoch"
+            f"not every one of its {epochs} epochs was served: iterate ds.sampler (DataLoader(ds, "
+            "sampler=ds.sampler)) in every epoch, for range(ds.epoch, ds.num_epochs)"
         )
     total = total_steps() if arm.limited else None
     if total is not None and counts.steps != total:
         raise ContractError(
             f"trained {counts.steps} steps, not the {total} its budget says: train on DataLoader(ds, "
             "batch_size=run.batch_size(B), sampler=ds.sampler) for range(ds.epoch, ds.num_epochs)"
-        )
-
-
-def _check_budget(data: KeepAll, batch: int | None) -> None:
-    """A keep-all arm: its batches of ``run.batch_size``, every epoch's samples served."""
-    counts = data.counts
-    if batch is not None and data.budget.batch != 1.0 and counts.largest > data.budget.rows(batch):
-        raise ContractError(
-            f"trained batches of {counts.largest} rows where run.batch_size({batch}) is "
-            f"{data.budget.rows(batch)}: build the DataLoader with batch_size=run.batch_size(...)"
-        )
-    if data.budget.limited and batch is None:
-        return  # the sampler said so already, when it was iterated
-    planned = sum(data.to_serve(e) for e in range(data.num_epochs))
-    n = sum(data.served.values())
-    if n < planned:
-        raise ContractError(
-            f"its data served {n} of the {planned} samples of its {data.num_epochs} epochs: iterate "
-            "ds.sampler in every epoch, for range(ds.epoch, ds.num_epochs)"
         )

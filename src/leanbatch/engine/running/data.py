@@ -148,14 +148,14 @@ class Budget:
 
 
 class Counts:
-    """Steps and rows a wrapper's ``update()`` trained, and its largest step."""
+    """Steps and rows a wrapper's ``update()`` trained."""
 
     def __init__(self) -> None:
-        self.steps = self.rows = self.largest = 0
+        self.steps = self.rows = 0
 
     def add(self, loss: Any, indices: Any) -> None:
         n = int(len(loss) if indices is None else len(indices))
-        self.steps, self.rows, self.largest = self.steps + 1, self.rows + n, max(self.largest, n)
+        self.steps, self.rows = self.steps + 1, self.rows + n
 
 
 def _indices_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

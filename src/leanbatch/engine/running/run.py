@@ -376,7 +376,7 @@ class Run:
         metric = self._final(returned)
         from leanbatch.engine.running.contract import check_trained
 
-        check_trained(self.arm, self.data, self._selector, self._batch, lambda: self.total_steps)
+        check_trained(self.arm, self.data, self._selector, lambda: self.total_steps)
         self._count()  # the steps after the last run.log, into the totals
         samples, epochs = self._sizes if self._sizes is not None else (None, None)
         samples = None if samples is None else math.ceil(samples / world_size())  # each process's share
