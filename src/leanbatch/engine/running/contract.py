@@ -131,14 +131,13 @@ def check_trained(
             f"trained {counts.rows} samples but its data served {n}: pass sampler=ds.sampler to the "
             "DataLoader (not shuffle=True)"
         )
-    epochs, planned = data.num_epochs, None
     if isinstance(data, KeepAll):
-        planned = sum(data.to_serve(e) for e in range(epochs)) > sum(data.served.values())
-    elif isinstance(data, InfoBatch) and not arm.limited:
-        planned = len(data.epoch_stats) < epochs
-    if planned:
+        unserved = sum(data.to_serve(e) for e in range(data.num_epochs)) > sum(data.served.values())
+    else:
+        unserved = isinstance(data, InfoBatch) and not arm.limited and len(data.epoch_stats) < data.num_epochs
+    if unserved:
         raise ContractError(
-            f"not every one of its {epochs} epochs was served: iterate ds.sampler (DataLoader(ds, "
+            f"not every one of its {data.num_epochs} epochs was served: iterate ds.sampler (DataLoader(ds, "
             "sampler=ds.sampler)) in every epoch, for range(ds.epoch, ds.num_epochs)"
         )
     total = total_steps() if arm.limited else None

@@ -192,18 +192,7 @@ class _Serving(Sampler[int]):
         self.data = data
 
     def __iter__(self) -> Iterator[int]:
-        d = self.data
-        d.end_epoch()  # the epoch before, if it was not checked at its run.log
-        epoch = d._next
-        d._next, d._current, d._trained_in_epoch, d._epoch_steps, d.exhausted = epoch + 1, epoch, 0, 0, False
-        order = d._order(epoch)
-        n = d.to_serve(epoch)
-        d.served[epoch], d._served_total = n, d._served_total + n
-        return self._serve(order[:n].tolist())
-
-    def _serve(self, order: list[int]) -> Iterator[int]:
-        yield from order
-        self.data.exhausted = True  # the loader fetched the whole epoch
+        return self.data.serve()
 
     def __len__(self) -> int:
         return self.data.to_serve(self.data.epoch)  # the epoch being served, or the next one
@@ -301,6 +290,20 @@ class KeepAll(Dataset):
             return perm
         padded = torch.cat([perm, perm[: self._share() * world - perm.numel()]])
         return padded[rank::world]
+
+    def serve(self) -> Iterator[int]:
+        """The next epoch's indices (this rank's share, cut at the budget): what ``iter(ds.sampler)`` gives."""
+        self.end_epoch()  # the epoch before, if it was not checked at its run.log
+        epoch = self._next
+        self._next, self._current, self._trained_in_epoch, self._epoch_steps = epoch + 1, epoch, 0, 0
+        n = self.to_serve(epoch)
+        order = self._order(epoch)[:n].tolist()
+        self.served[epoch], self._served_total, self.exhausted = n, self._served_total + n, False
+        return self._yield(order)
+
+    def _yield(self, order: list[int]) -> Iterator[int]:
+        yield from order
+        self.exhausted = True  # the loader fetched the whole epoch
 
     def set_epoch(self, epoch: int) -> None:
         """Serve ``epoch`` (0-based) next."""
