@@ -40,7 +40,7 @@ moves it to the key schema 3 gives it (``docs/results-json.md``):
 - ``merged_from[]`` gains ``methods`` (schema 2 merged parts of one command on other seeds only, so
   every part ran every arm); ``recomputed_from`` is kept.
 - ``summary``, ``envelope``, ``envelope_cpu`` and ``controls`` are recomputed by the engine's own
-  :func:`leanbatch.engine.results.rebuild`, as ``leanbatch report`` does; schema 2's derived
+  :func:`leanbatch.engine.judging.results.rebuild`, as ``leanbatch report`` does; schema 2's derived
   sections without a schema-3 home (``equal_time``, ``equal_time_cpu``: the step frontier alone;
   ``sync``: from the runs' torchrun measures, kept in ``notes`` and ``values``) are dropped.
 
@@ -61,8 +61,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from leanbatch.engine.outputs import write_results
-from leanbatch.engine.results import SCHEMA, rebuild
+from leanbatch.engine.judging.outputs import write_results
+from leanbatch.engine.judging.parts import rebuild
+from leanbatch.engine.judging.results import SCHEMA
 
 OLD = "leanbatch.bench/2"
 _INFOBATCH = {"prune_ratio": "prune_ratio", "delta": "delta", "ib_target": "target",

@@ -171,3 +171,62 @@ def interrupted_at_the_fourth_epoch(run):  # type: ignore[no-untyped-def]
         ds.update(torch.ones(len(x)))
     run.log(epoch=0, metric=1.0)
     return 1.0
+
+
+NOISE: dict[str, float] = {}  # label -> seconds slept in every training step (timing noise, no randomness)
+TRAINED: dict[str, list[int]] = {}  # label -> the steps each of its epochs trained, as the task counts them
+
+
+def _fit(run, batch_size, *, drop_last=False, every=1, name="metric"):  # type: ignore[no-untyped-def]
+    """``train``'s loop over ``ds.num_epochs``, counting its own steps (``TRAINED``) and sleeping
+    ``NOISE[run.label]`` in each: every ``every``-th batch trained, the accuracy logged as ``name``."""
+    torch.manual_seed(run.seed)
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    ds = run.wrap(TRAIN, EPOCHS)
+    loader = DataLoader(ds, batch_size=batch_size, sampler=ds.sampler, drop_last=drop_last)
+    sched = ProgressLR(opt, ds, cosine(warmup=0.03))
+    acc = 0.0
+    for epoch in range(ds.epoch, ds.num_epochs):
+        ds.set_epoch(epoch)
+        TRAINED.setdefault(run.label, []).append(0)
+        for i, (x, y) in enumerate(loader):
+            if i % every:
+                continue
+            loss = ds.update(F.cross_entropy(model(x), y, reduction="none"))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            sched.step()
+            TRAINED[run.label][-1] += 1
+            time.sleep(NOISE.get(run.label, 0.0))
+        with run.untimed():
+            acc = _accuracy(model)
+        run.log(epoch=epoch, **{name: acc}, **({"progress": ds.progress} if drop_last else {}))
+    return acc
+
+
+def noisy(run):  # type: ignore[no-untyped-def]
+    """Sleeps ``NOISE[run.label]`` seconds in every training step: the same training, other times."""
+    return _fit(run, run.batch_size(32))
+
+
+def misnamed_metric(run):  # type: ignore[no-untyped-def]
+    """Logs its metric as ``accuracy``: the study's metric (``metric``) is never there."""
+    return _fit(run, run.batch_size(32), name="accuracy")
+
+
+def hard_coded_batch(run):  # type: ignore[no-untyped-def]
+    """Asks run.batch_size and trains on batches of 32 whatever it said."""
+    run.batch_size(32)
+    return _fit(run, 32)
+
+
+def skips_batches(run):  # type: ignore[no-untyped-def]
+    """Trains every other batch: no budget can be trained by its steps."""
+    return _fit(run, run.batch_size(32), every=2)
+
+
+def drops_last(run):  # type: ignore[no-untyped-def]
+    """A loader that drops its last partial batch (384 rows in batches of 40: 9 steps an epoch, not 10)."""
+    return _fit(run, run.batch_size(40), drop_last=True)

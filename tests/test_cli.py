@@ -70,16 +70,23 @@ def test_the_answer_leads_then_the_tables(tiny_run: tuple[int, str, Path]) -> No
     answer, rest = out[out.index("the answer: accuracy (higher is better)") :].split("\n\n", 2)[1:]
     rows = [ln.split("|")[1].strip() for ln in answer.splitlines()[2:]]
     assert (
-        rows == METHODS[1:] and "time saved" in answer and "vs envelope" in answer and "vs its twin" in answer
+        rows == METHODS[1:] and "work saved" in answer and "vs envelope" in answer and "vs its twin" in answer
     )
     lines = [ln for ln in rest.splitlines() if ln.startswith("| ")]
     heads = [k for k, ln in enumerate(lines) if ln.split("|")[1].strip() == "method"]
-    assert len(heads) == 2  # the summary, the envelope (no controls asked)
-    summary = lines[: heads[1]]
+    assert len(heads) == 3  # the wall clock's realisation, the summary, the envelope (no controls asked)
+    realised, summary = lines[: heads[1]], lines[heads[1] : heads[2]]
+    assert (
+        "actual x" in realised[0]
+        and "achieved" in realised[0]
+        and realised[1].split("|")[4].strip() == "1.00 ± 0.00"
+    )
     assert [ln.split("|")[1].strip() for ln in summary[1:]] == ARMS
-    assert "accuracy (max)" in summary[0] and "t->target" in summary[0] and "vs envelope" in lines[heads[1]]
+    assert "accuracy (max)" in summary[0] and "t->target" in summary[0] and "vs envelope" in lines[heads[2]]
     base = summary[1].split("|")
-    assert base[4].strip() == "+0.0%" and base[8].strip() == "1.00"  # vs base, actual x
+    assert (
+        base[3].strip() == "1.000" and base[4].strip() == "+0.0%" and base[7].strip() == "1.00"
+    )  # work, vs base, ideal x
 
 
 def test_results_json_is_the_documented_schema(tiny_run: tuple[int, str, Path]) -> None:
@@ -95,19 +102,24 @@ def test_results_json_is_the_documented_schema(tiny_run: tuple[int, str, Path]) 
         "tolerance",
         "summary",
     }
-    assert set(payload) == keys | {"envelope", "envelope_cpu", "controls", "runs"}
+    assert set(payload) == keys | {"timing", "envelope", "controls", "runs"}
     assert (
-        payload["schema"] == "leanbatch.bench/3"
+        payload["schema"] == "leanbatch.bench/4"
         and payload["interrupted"] is False
         and payload["failed"] == []
     )
     cfg = payload["config"]
-    assert (cfg["task"], cfg["metric"], cfg["goal"], cfg["seeds"], cfg["budgets"]) == (
+    assert (cfg["task"], cfg["metric"], cfg["goal"], cfg["seeds"], cfg["budgets"], cfg["clock"]) == (
         "images",
         "accuracy",
         "max",
         [0, 1],
         [0.5, 0.75, 1.0],
+        "work",
+    )
+    assert (
+        cfg["task_id"]["module"] == "leanbatch.tasks.images.task"
+        and cfg["task_id"]["function"] == "ImageTask"
     )
     assert cfg["task_config"]["epochs"] == 3 and [m["label"] for m in cfg["methods"]] == ARMS
     assert payload["data"]["num_train"] == 320 and payload["versions"]["torch"]
@@ -117,7 +129,7 @@ def test_results_json_is_the_documented_schema(tiny_run: tuple[int, str, Path]) 
     assert rows["infobatch"]["loaded_fraction"] < 1.0 and rows["sb"]["loaded_fraction"] == 1.0
     assert rows["sb"]["backward_fraction"] < 1.0 < rows["sb"]["forward_fraction"]  # the selection pass
     assert rows["infobatch+sb"]["backward_fraction"] < rows["infobatch"]["backward_fraction"]
-    run = payload["runs"][0]
+    run = next(r for r in payload["runs"] if r["method"] == "baseline")
     assert len(payload["runs"]) == 14 and len(run["epochs"]) == 3 and run["num_samples"] == 320
     assert (
         set(run["epochs"][0]["values"]) == {"test_loss", "train_loss", "lr"}
@@ -133,11 +145,12 @@ def test_results_json_is_the_documented_schema(tiny_run: tuple[int, str, Path]) 
     )
 
 
-def test_budget_arms_train_their_steps_and_are_compared_at_equal_time(
+def test_budget_arms_train_their_steps_and_are_compared_at_equal_work(
     tiny_run: tuple[int, str, Path],
 ) -> None:
     payload = json.loads((tiny_run[2] / "results.json").read_text())
     runs = payload["runs"]
+    full = np.mean([r["work_fraction"] for r in runs if r["method"] == "baseline"])
     for r in (r for r in runs if r["kind"] == "baseline"):
         total = math.floor(r["budget"] * 30 + 0.5)  # 320 samples / batch 32 = 10 steps an epoch
         assert r["steps"] == total == sum(e["steps"] for e in r["epochs"][: math.ceil(total / 10)])
@@ -146,16 +159,16 @@ def test_budget_arms_train_their_steps_and_are_compared_at_equal_time(
         assert row["seeds"] == [0, 1]
         for s in row["per_seed"]:
             points = sorted(
-                (r["train_time_s"], r["metric"])
+                (r["work_fraction"] / full, r["metric"])
                 for r in runs
                 if r["kind"] == "baseline" and r["seed"] == s["seed"]
             )
             times = [p[0] for p in points]
             if s["range"] == "inside":  # numpy as the independent oracle (one family: the step budgets)
-                f = float(np.interp(s["time_s"], times, [p[1] for p in points]))
+                f = float(np.interp(s["cost"], times, [p[1] for p in points]))
                 assert s["reference"] == pytest.approx(f) and s["diff"] == pytest.approx(s["metric"] - f)
             else:
-                assert s["range"] == ("faster" if s["time_s"] < times[0] else "slower") and s["diff"] is None
+                assert s["range"] == ("faster" if s["cost"] < times[0] else "slower") and s["diff"] is None
 
 
 def test_the_report_file_and_the_plots_are_written(tiny_run: tuple[int, str, Path]) -> None:
@@ -165,7 +178,7 @@ def test_the_report_file_and_the_plots_are_written(tiny_run: tuple[int, str, Pat
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000 and name in out
     page = (out_dir / "report.html").read_text()
     assert (
-        page.count("<table>") == 3
+        page.count("<table>") == 4  # the answer, the realisation, the summary, the envelope
         and page.count("data:image/png;base64,") == 4
         and "leanbatch bench --data digits" in page
     )
@@ -176,11 +189,19 @@ def test_report_recomputes_and_merges_parts(
 ) -> None:
     whole = json.loads((tiny_run[2] / "results.json").read_text())
     code, out, err = _run(
-        ["report", str(tiny_run[2]), "--out", str(tmp_path / "again"), "--clock", "cpu", "--no-plots"], capsys
+        ["report", str(tiny_run[2]), "--out", str(tmp_path / "again"), "--no-plots"], capsys
     )
     again = json.loads((tmp_path / "again" / "results.json").read_text())
     assert code == 0 and again["summary"] == whole["summary"] and again["envelope"] == whole["envelope"], err
-    assert "cpu s" in out and not (tmp_path / "again" / "equal_time.png").exists()
+    assert not (tmp_path / "again" / "equal_time.png").exists()
+    code, out, err = _run(
+        ["report", str(tiny_run[2]), "--out", str(tmp_path / "cpu"), "--clock", "cpu", "--no-plots"], capsys
+    )
+    cpu = json.loads((tmp_path / "cpu" / "results.json").read_text())
+    assert code == 0 and cpu["config"]["clock"] == cpu["envelope"]["clock"] == "cpu" and "cpu s" in out, err
+    assert cpu["envelope"]["families"]["steps"][0]["cost_mean"] == pytest.approx(
+        np.mean([r["train_cpu_time_s"] for r in whole["runs"] if r["method"] == "baseline[budget=0.5]"])
+    )
     parts = []  # by seed, and by arm: one part holds the methods, the other the baselines
     for name, keep in (("seed1", lambda r: r["seed"] == 1), ("seed0-methods", lambda r: r["seed"] == 0 and r["kind"] != "baseline"),
                        ("seed0-baselines", lambda r: r["seed"] == 0 and r["kind"] == "baseline")):  # fmt: skip

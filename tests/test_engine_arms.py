@@ -27,7 +27,7 @@ from leanbatch.arms.methods import (
 )
 from leanbatch.arms.registry import REGISTRY
 from leanbatch.arms.twins import twin_arm, with_controls
-from leanbatch.engine.data import Budget
+from leanbatch.engine.running.data import Budget
 from leanbatch.selection import RhoLoss
 
 KINDS = (

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from leanbatch import cli
-from leanbatch.engine.results import rebuild
+from leanbatch.engine.judging.parts import rebuild
 from leanbatch.engine.study import bench
 
 TASKS = Path(__file__).resolve().parent / "engine_tasks.py"
@@ -120,7 +120,7 @@ def _task(name: str):  # type: ignore[no-untyped-def]
 
 
 def _task_at(path: Path, name: str = "train"):  # type: ignore[no-untyped-def]
-    from leanbatch.engine.contract import load_task
+    from leanbatch.engine.running.contract import load_task
 
     return load_task(f"{path}:{name}")
 
@@ -150,29 +150,27 @@ def test_the_python_call_returns_what_results_json_holds(tmp_path: Path) -> None
 
 
 @pytest.mark.parametrize(
-    ("name", "methods", "needle"),
+    ("name", "needle"),
     [
         (
             "ignores_batch_size",
-            "baseline",
-            "baseline[batch=0.5] seed 0: trained batches of 32 rows where run.batch_size(32) is 16",
+            "baseline[batch=0.5] seed 0: trained a batch of 32 rows where run.batch_size(32) gave 16",
         ),
-        ("no_batch_size", "baseline", "baseline[batch=0.5] seed 0: its budget needs the loader's batch size"),
+        ("no_batch_size", "baseline[batch=0.5] seed 0: its budget needs the loader's batch size"),
         (
             "fixed_loop",
-            "baseline",
-            "baseline seed 0: trained 1152 samples but its data served 0: pass sampler=ds.sampler",
+            "baseline[batch=0.5] seed 0: trained 16 samples but its data served 0: pass sampler=ds.sampler",
         ),
     ],
 )
-def test_a_task_that_ignores_its_budget_is_refused_and_the_others_kept(
-    name: str, methods: str, needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_a_task_that_ignores_its_budget_stops_the_study(
+    name: str, needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code, out, err, payload = _bench(
-        name, tmp_path, capsys, "--methods", methods, "--budgets", "none", "--batch-budgets", "0.5"
+        name, tmp_path, capsys, "--methods", "baseline", "--budgets", "none", "--batch-budgets", "0.5"
     )
-    assert code == 2 and err.count("\n") == 1 and needle in err, err
-    assert "Traceback" not in err and payload["failed"][0]["method"].startswith("baseline")
+    assert code == 2 and err.count("\n") == 1 and needle in err and "the study stopped" in err, err
+    assert "Traceback" not in err and payload == {}  # nothing half-judged is written
 
 
 def test_a_module_and_function_task(
@@ -181,11 +179,13 @@ def test_a_module_and_function_task(
     (tmp_path / "my_tasks.py").write_text(SNIPPET)
     monkeypatch.syspath_prepend(str(tmp_path))
     code = cli.main(["bench", "--task", "my_tasks:train", *QUIET, "--out", str(tmp_path / "o")])
-    assert code == 0, capsys.readouterr().err
-    runs = json.loads((tmp_path / "o" / "results.json").read_text())["runs"]
-    assert all(
-        r["num_samples"] == 64 for r in runs
-    )  # the default methods but those that select (no run.select)
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    payload = json.loads((tmp_path / "o" / "results.json").read_text())
+    runs = payload["runs"]
+    assert all(r["num_samples"] == 64 for r in runs)
+    # the default methods that select are left out at their first step: the task never calls run.select
+    assert payload["config"]["left_out"] == ["sb", "infobatch+sb"] and "sb, infobatch+sb left out" in out
     budgets = {f"baseline[budget={b}]" for b in (0.5, 0.7, 0.85)} | {
         "baseline[batch=0.5]",
         "baseline[batch=0.7]",
@@ -227,11 +227,6 @@ def test_an_arm_that_raises_is_reported_and_the_others_kept(
         (f"{TASKS}:nothing", [], "has no 'nothing'"),
         (f"{TASKS}:NOT_CALLABLE", [], "is a int, not a function"),
         (f"{TASKS}:two_args", [], "takes (run, extra): a task takes one argument, the run"),
-        (
-            "SNIPPET",
-            ["--methods", "baseline,sb"],
-            "sb select(s) rows of each batch, but the task never calls run.select",
-        ),
         (f"{TASKS}:train", ["--lr", "0.1"], "--lr is an option of the built-in image task"),
         (
             f"{TASKS}:train",
@@ -256,20 +251,27 @@ def test_bad_tasks_are_one_line_before_anything_trains(
 @pytest.mark.parametrize(
     ("name", "extra", "needle"),
     [
-        ("returns_none", [], "the task returned no number"),
-        ("returns_nan", [], "the task returned nan as its metric: a finite number is needed"),
+        ("returns_none", [], "baseline seed 0: the task returned no number"),
         (
             "loss_by_steps",
             ["--metric", "accuracy"],
-            "the task returned {eval_loss, score} but not the metric 'accuracy'",
+            "the task returned {eval_loss, score} but not the metric 'accuracy': name the one to judge with "
+            "--metric NAME (eval_loss, score)",
         ),
     ],
 )
-def test_a_task_that_returns_no_metric_is_one_line(
+def test_a_task_that_returns_no_metric_stops_the_study(
     name: str, extra: list[str], needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    args = ("--methods", "baseline", "--budgets", "none", "--batch-budgets", "none", "--seeds", "0,1", *extra)
+    code, out, err, payload = _bench(name, tmp_path, capsys, *args)
+    assert code == 2 and err.count("\n") == 1 and needle in err and "the study stopped" in err, err
+    assert payload == {}
+
+
+def test_an_arm_that_returns_nan_fails_alone(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code, out, err, payload = _bench(
-        name,
+        "returns_nan",
         tmp_path,
         capsys,
         "--methods",
@@ -278,9 +280,12 @@ def test_a_task_that_returns_no_metric_is_one_line(
         "none",
         "--batch-budgets",
         "none",
-        *extra,
     )
-    assert code == 2 and err.count("\n") == 1 and needle in err, err
+    assert (
+        code == 2
+        and err.count("\n") == 1
+        and "the task returned nan as its metric: a finite number is needed" in err
+    )
     assert payload["runs"] == [] and len(payload["failed"]) == 1
 
 
@@ -289,9 +294,9 @@ def test_arms_take_turns_epoch_by_epoch_and_a_task_without_run_log_runs_whole() 
     order = __import__(task.__module__).ORDER
     bench(task, methods="baseline,random", seeds=[0], budgets="0.5,1", batch_budgets="none")
     full, half, rnd = "baseline", "baseline[budget=0.5]", "random"  # 36 steps; 18: an epoch and a half
-    assert order == [
-        (full, 0),
+    assert order == [  # the budget arm first: the strictest contract shows its breach at once
         (half, 0),
+        (full, 0),
         (rnd, 0),
         (full, 1),
         (rnd, 1),

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from leanbatch.engine.contract import load_task
+from leanbatch.engine.running.contract import load_task
 from leanbatch.engine.study import bench
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

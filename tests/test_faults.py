@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from leanbatch import cli
-from leanbatch.engine.outputs import write_results
+from leanbatch.engine.judging.outputs import write_results
 
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 TINY = ["--data", "digits", "--epochs", "1", "--limit-train", "200", "--methods", "baseline"]

@@ -85,3 +85,31 @@ def test_every_relative_link_of_the_docs_resolves_from_its_own_file():
                 if anchor not in {_slug(h) for h in headings}:
                     broken.append(f"{page.relative_to(root)}: {link} (no such heading)")
     assert broken == []
+
+
+def test_the_judge_your_own_training_snippet_runs_as_a_task():
+    """The README's task, run as written by the engine: every arm and seed trains a model of its own (a
+    model built outside ``train(run)`` would be trained on by every run in turn, so a study run twice
+    would not give the same figures, and the seeds would not be seeds)."""
+    from leanbatch import ProgressLR, cosine
+    from leanbatch.engine import bench
+
+    (code,) = [b for b in blocks() if b.startswith("def train(run):")]
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(160, 6, generator=gen)
+    y = (x[:, :3].sum(1) > 0).long()
+    ns = {"torch": torch, "F": F, "DataLoader": DataLoader, "ProgressLR": ProgressLR, "cosine": cosine,
+          "train_set": TensorDataset(x[:128], y[:128]), "x_test": x[128:], "y_test": y[128:], "num_epochs": 2,
+          "make_model": lambda: torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))}  # fmt: skip
+    exec(compile(code, "README.md", "exec"), ns)  # noqa: S102 - our own README
+
+    def study() -> dict:
+        report = bench(
+            ns["train"], methods="baseline,infobatch", seeds=[0, 1], budgets="0.5,1", batch_budgets="none"
+        )
+        assert report["failed"] == [] and len(report["runs"]) == 6
+        return {(r["method"], r["seed"]): r["metric"] for r in report["runs"]}
+
+    first = study()
+    assert first == study()  # each run starts from its own seed: the same study gives the same figures
+    assert len(set(first.values())) > 1

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from leanbatch import cli
-from leanbatch.engine.results import SCHEMA
+from leanbatch.engine.judging.results import SCHEMA
 
 RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results"
 STORED = sorted(RESULTS.glob("*/results.json"))

@@ -20,25 +20,26 @@ from leanbatch.cli_args import CLIError, build_parser, check_micro_options, int_
 
 __all__ = ["main", "build_parser"]
 
-_EXTRA = {"numpy", "mlxtend", "sklearn", "matplotlib", "tqdm", "PIL"}  # what the bench extra installs
+# what the bench extra installs
+_EXTRA = {"numpy", "scipy", "mlxtend", "sklearn", "matplotlib", "tqdm", "PIL"}
 
 
 def run_report(args: argparse.Namespace) -> int:
     """``leanbatch report``: the tables and plots of finished benches, recomputed from their runs.
 
     They go to ``--out`` or to ``<name>.report/`` beside the input, and replace nothing but an
-    earlier report's output there (:func:`leanbatch.engine.outputs.check_report_folder`).
+    earlier report's output there (:func:`leanbatch.engine.judging.outputs.check_report_folder`).
     """
-    from leanbatch.engine.outputs import (
+    from leanbatch.engine.judging.outputs import (
         REPORT_KEY,
         check_report_folder,
         read_results,
         report_folder,
         results_file,
     )
-    from leanbatch.engine.plots import PLOT_NAMES
-    from leanbatch.engine.results import merge_results, rebuild
-    from leanbatch.engine.study import publish
+    from leanbatch.engine.judging.parts import merge_results, rebuild
+    from leanbatch.engine.judging.plots import PLOT_NAMES
+    from leanbatch.engine.judging.report import publish
 
     sources = [results_file(Path(r)) for r in args.results]
     if len(sources) > 1 and not args.out:
@@ -46,7 +47,7 @@ def run_report(args: argparse.Namespace) -> int:
     try:
         payloads = [read_results(s) for s in sources]
         merged = payloads[0] if len(sources) == 1 else merge_results(payloads, [str(s) for s in sources])
-        payload = rebuild({**merged, "config": {**merged["config"], "clock": args.clock}}, str(sources[0]))
+        payload = rebuild(merged, str(sources[0]), args.clock)
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
         raise CLIError(
             str(e)
@@ -150,7 +151,7 @@ def _main(argv: list[str]) -> int:
 def _dispatch(args: argparse.Namespace) -> int:
     from leanbatch.arms.methods import ArmError
     from leanbatch.cli_bench import run_bench
-    from leanbatch.engine.contract import TaskError
+    from leanbatch.engine.running.contract import TaskError
 
     bad: tuple[type[Exception], ...] = (CLIError, ArmError, TaskError)
     if args.command == "bench" and not args.task:

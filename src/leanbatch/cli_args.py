@@ -116,7 +116,7 @@ def _run_options(b: Any) -> None:
     g.add_argument(
         "--methods",
         default=None,
-        help=f"comma-separated method kinds, each optionally with settings in brackets (an arm of its own), e.g. 'infobatch+sb[start=0.2,keep=0.7]' (default {','.join(DEFAULT_METHODS)}; for a --task that never calls run.select, the ones that do not select); every kind below",
+        help=f"comma-separated method kinds, each optionally with settings in brackets (an arm of its own), e.g. 'infobatch+sb[start=0.2,keep=0.7]' (default {','.join(DEFAULT_METHODS)}; those that select are left out when a --task trains without run.select); every kind below",
     )
     g.add_argument("--seeds", default=None, help="comma-separated seeds (default 0; --quick: 0,1,2)")
     g.add_argument(
@@ -168,7 +168,7 @@ def _image_options(b: Any) -> None:
         "--preset",
         choices=tuple(PRESETS),
         default=None,
-        help="quick: 5,000 bundled MNIST digits, 8 epochs, seeds 0,1,2 (under 2 minutes on 2 CPU cores); cifar10: CIFAR-10 from --data, small CNN, 15 epochs, seeds 0,1,2; explicit options win",
+        help="quick: 5,000 bundled MNIST digits, 8 epochs, seeds 0,1,2 (about 2.2 minutes on 2 idle CPU cores); cifar10: CIFAR-10 from --data, small CNN, 15 epochs, seeds 0,1,2; explicit options win",
     )
     t.add_argument("--quick", action="store_true", help="the same as --preset quick")
     t.add_argument("--epochs", type=_int, default=None, help="epochs of the full run (default 8)")
@@ -247,9 +247,9 @@ def _output_options(b: Any) -> None:
     )
     o.add_argument(
         "--clock",
-        choices=("wall", "cpu"),
-        default="wall",
-        help="time axis of the envelope: training wall-clock (default), or the process's CPU time (steadier on a shared machine with --threads 1); results.json holds both",
+        choices=("work", "wall", "cpu"),
+        default="work",
+        help="what the verdicts compare arms at: work (default: FLOP-weighted passes, the same on any machine), wall (training wall-clock, for one quiet machine) or cpu (the process's CPU time, steadier with --threads 1); the wall clock is reported beside in every case",
     )
     o.add_argument("--no-plots", action="store_true", help="skip the PNG plots and report.html")
     o.add_argument(
@@ -271,7 +271,12 @@ def _report_parser(sub: Any) -> None:
     r.add_argument(
         "--out", default=None, help="folder for the report (default: <name>.report/ beside the one input)"
     )
-    r.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="time axis of the envelope")
+    r.add_argument(
+        "--clock",
+        choices=("work", "wall", "cpu"),
+        default=None,
+        help="judge the stored runs again on this clock (default: the one the study ran on)",
+    )
     r.add_argument("--no-plots", action="store_true", help="skip the PNG plots and report.html")
 
 
@@ -388,8 +393,8 @@ def check_out_folder(out: Path) -> None:
         ...     print(e)
         --out /dev/null exists and is not a folder
     """
-    from leanbatch.engine.files import check_writable_folder
-    from leanbatch.engine.outputs import check_bench_out
+    from leanbatch.engine.judging.files import check_writable_folder
+    from leanbatch.engine.judging.outputs import check_bench_out
 
     if out.exists() and not out.is_dir():
         raise CLIError(f"--out {out} exists and is not a folder")
@@ -415,7 +420,7 @@ def check_micro_options(args: argparse.Namespace) -> Path | None:
         ...     print(e)
         --steps must be an int >= 1, got 0
     """
-    from leanbatch.engine.files import check_target, check_writable_folder
+    from leanbatch.engine.judging.files import check_target, check_writable_folder
 
     if args.micro is None:
         raise CLIError("micro needs a benchmark: plan, update or select (see leanbatch micro --help)")

@@ -30,7 +30,7 @@ from leanbatch.cli_args import (
 )
 
 if TYPE_CHECKING:  # torch loads inside the functions: these are for the types only
-    from leanbatch.engine.study import Outcome, Study
+    from leanbatch.engine.running.study import Outcome, Study
 
 __all__ = ["resolve_device", "run_bench"]
 
@@ -59,23 +59,13 @@ def resolve_device(name: str) -> str:
 
 def _arms(args: argparse.Namespace, methods: str) -> list[Any]:
     """The arms: ``--methods`` (``methods`` without it), their twins (``--controls``), the baseline's budgets."""
-    from leanbatch.arms.methods import (
-        DEFAULT_BATCH_BUDGETS,
-        DEFAULT_BUDGETS,
-        OPTIONS,
-        parse_budgets,
-        parse_methods,
-        with_budgets,
-    )
-    from leanbatch.arms.twins import with_controls
+    from leanbatch.arms.grid import study_arms
+    from leanbatch.arms.methods import OPTIONS
 
-    arms = parse_methods(args.methods or methods, {k: getattr(args, k) for k in OPTIONS})
-    arms = with_controls(arms) if args.controls else arms
-    steps = parse_budgets(args.budgets if args.budgets is not None else DEFAULT_BUDGETS)
-    batch = parse_budgets(
-        args.batch_budgets if args.batch_budgets is not None else DEFAULT_BATCH_BUDGETS, "--batch-budgets"
-    )
-    return with_budgets(arms, steps, batch)
+    return study_arms(
+        args.methods or methods, budgets=args.budgets, batch_budgets=args.batch_budgets,
+        controls=bool(args.controls), options={k: getattr(args, k) for k in OPTIONS},
+    )  # fmt: skip
 
 
 def _image_task(args: argparse.Namespace, arms: list[Any]) -> tuple[Any, dict[str, Any], dict[str, Any], str]:
@@ -143,7 +133,7 @@ def _image_task(args: argparse.Namespace, arms: list[Any]) -> tuple[Any, dict[st
 def _user_task(args: argparse.Namespace) -> tuple[Any, dict[str, Any], dict[str, Any], str]:
     import torch
 
-    from leanbatch.engine.contract import load_task
+    from leanbatch.engine.running.contract import load_task
 
     given = [o for o in IMAGE_OPTIONS if getattr(args, o) not in (None, False)]
     if given:
@@ -158,16 +148,16 @@ def _user_task(args: argparse.Namespace) -> tuple[Any, dict[str, Any], dict[str,
 
 
 def study_from(args: argparse.Namespace) -> Study:
-    """Every option checked and the task loaded, before anything trains: the :class:`~leanbatch.engine.study.Study`."""
-    from leanbatch.engine.study import Study, default_goal
+    """Every option checked and the task loaded, before anything trains: the :class:`~leanbatch.engine.running.study.Study`."""
+    from leanbatch.arms.methods import DEFAULT_METHODS
+    from leanbatch.engine.judging.verdicts import default_goal
+    from leanbatch.engine.running.study import Study
 
     check_training_options(args)
-    from leanbatch.arms.methods import DEFAULT_METHODS
-    from leanbatch.engine.study import default_methods
 
     if args.task:
         task, config, data, seeds_text = _user_task(args)
-        arms = _arms(args, default_methods(task))
+        arms = _arms(args, ",".join(DEFAULT_METHODS))
     else:
         arms = _arms(args, ",".join(DEFAULT_METHODS))
         task, config, data, seeds_text = _image_task(args, arms)
@@ -190,6 +180,8 @@ def study_from(args: argparse.Namespace) -> Study:
         config,
         data,
         command,
+        optional=args.methods is None,
+        metric_option="--metric {}",
     )
     study.check()
     return study
@@ -216,9 +208,10 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace, main: bool) -> int:
-    from leanbatch.engine.outputs import RESULTS, unfinished_path, write_results
-    from leanbatch.engine.results import build_results
-    from leanbatch.engine.study import publish, run_study
+    from leanbatch.engine.judging.outputs import RESULTS, unfinished_path, write_results
+    from leanbatch.engine.judging.report import publish
+    from leanbatch.engine.judging.results import build_results
+    from leanbatch.engine.running.study import run_study
 
     _plots_available(args)
     out = Path(args.out)
@@ -241,9 +234,12 @@ def _bench(args: argparse.Namespace, main: bool) -> int:
             command=study.command, failed=outcome.failed,
         )  # fmt: skip
 
+    wrote: list[Path] = []
+
     def saved(outcome: Outcome) -> None:
         if main:
             write_results(unfinished, payload(outcome, True))
+            wrote.append(unfinished)
 
     t0 = time.perf_counter()
     status = _status_line(study) if main and not args.no_progress and sys.stderr.isatty() else None
@@ -252,6 +248,8 @@ def _bench(args: argparse.Namespace, main: bool) -> int:
     )
     if status is not None:
         print("\r\033[K", end="", file=sys.stderr)
+    if _stopped(outcome, wrote[-1:]):
+        return 2
     if not main:
         return 130 if outcome.interrupted else 0
     if not outcome.runs:
@@ -269,6 +267,22 @@ def _bench(args: argparse.Namespace, main: bool) -> int:
         unfinished.unlink(missing_ok=True)  # this study's own per-seed saves, now complete
     print(f"\nwrote {', '.join(str(p) for p in written)} ({time.perf_counter() - t0:.0f} s in all)")
     return _status(outcome, target, out / RESULTS)
+
+
+def _stopped(outcome: Outcome, saves: list[Path]) -> bool:
+    """The default methods left out (a note), and whether a shared breach stopped the study (then its
+    one line, and this study's own ``saves`` removed: nothing half-judged is kept)."""
+    if outcome.left_out:
+        print(f"leanbatch: note: {', '.join(outcome.left_out)} left out: the task trains without run.select(...), "
+              "the batch-level selection hook (the default methods select only in a loop that calls it)")  # fmt: skip
+    if outcome.stopped is None:
+        return False
+    for path in saves:
+        path.unlink(missing_ok=True)
+    s = outcome.stopped
+    print(f"leanbatch: error: {s['method']} seed {s['seed']}: {s['error']}; the study stopped, nothing written",
+          file=sys.stderr)  # fmt: skip
+    return True
 
 
 def _status(outcome: Outcome, target: Path, results: Path) -> int:

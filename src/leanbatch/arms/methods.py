@@ -10,7 +10,7 @@ as typed::
 
 The baseline's step budgets (``baseline[budget=b]``: ``round(b x`` the full run's steps``)``) and
 batch budgets (``baseline[batch=b]``: the full run's steps on batches of ``round(b x B)`` rows)
-draw the envelope every other arm is compared with (:mod:`~leanbatch.engine.envelope`). An arm is
+draw the envelope every other arm is compared with (:mod:`~leanbatch.engine.judging.envelope`). An arm is
 validated by building its library objects, so a bad value is the library's one-line error,
 prefixed with the arm.
 """
@@ -111,6 +111,11 @@ class Arm:
     def batch(self) -> float:
         """The share of the batch size this arm trains with (1 but for the batch-budget baselines)."""
         return float(self.settings.get("batch", 1.0))
+
+    @property
+    def limited(self) -> bool:
+        """This arm trains a fixed number of steps (a step or batch budget), not the task's epochs."""
+        return self.budget != 1.0 or self.batch != 1.0
 
     def policy(self, num_epochs: int, seed: int) -> Policy:
         """This arm's pruning policy (``prunes`` only), for ``InfoBatch(policy=...)``.

@@ -9,7 +9,7 @@ is validated by building them, so a bad value fails with the library's own one-l
 ``twin`` (a :class:`Twin`) says how to make the arm that spends the same budget uniformly at
 random: InfoBatch's is ``random``; Selective Backprop's (and the proxy's, RHO-LOSS's) the
 ``uniform`` kind with the same window and keep; online batch selection's itself at
-``pressure=1`` (:mod:`~leanbatch.engine.controls`).
+``pressure=1`` (:mod:`~leanbatch.engine.judging.controls`).
 
 Example:
     >>> REGISTRY["rs2"].family, [s.name for s in REGISTRY["rs2"].settings]

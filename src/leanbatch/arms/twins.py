@@ -15,7 +15,7 @@ method                    twin arm
 ========================  =========================================================================
 
 An arm whose twin is already among the arms is paired with it rather than run twice; an arm that
-is its own twin (``obs[pressure=1]``) gets none. :mod:`leanbatch.engine.controls` judges the pairs.
+is its own twin (``obs[pressure=1]``) gets none. :mod:`leanbatch.engine.judging.controls` judges the pairs.
 
 Example:
     >>> from leanbatch.arms.methods import parse_methods

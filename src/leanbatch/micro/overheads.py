@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from leanbatch.checks import check_int
-from leanbatch.engine.files import atomic_write_text
+from leanbatch.engine.judging.files import atomic_write_text
 
 __all__ = [
     "bench_plan",
@@ -366,6 +366,6 @@ def format_select(rows: list[dict[str, Any]]) -> str:
 
 def write_json(path: Path, kind: str, rows: list[dict[str, Any]]) -> None:
     """Write one micro-benchmark's rows with the versions they were measured with (atomically)."""
-    from leanbatch.engine.results import versions
+    from leanbatch.engine.judging.results import versions
 
     atomic_write_text(path, json.dumps({"benchmark": kind, "versions": versions(), "rows": rows}, indent=1))

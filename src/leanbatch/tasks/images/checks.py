@@ -15,8 +15,8 @@ Example:
 from __future__ import annotations
 
 from leanbatch.arms.methods import Arm
-from leanbatch.engine.data import Budget
-from leanbatch.engine.selecting import smallest_trained
+from leanbatch.engine.running.data import Budget
+from leanbatch.engine.running.selecting import smallest_trained
 from leanbatch.tasks.images.config import TrainConfig
 from leanbatch.tasks.images.data import DataError, DataSplit, check_image_size
 from leanbatch.tasks.images.irreducible import holdout_split

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from leanbatch.engine.data import Budget
+from leanbatch.engine.running.data import Budget
 from leanbatch.tasks.images.data import DataSplit
 from leanbatch.tasks.images.models import CompactResNet, SmallCNN, build_model, default_model_name
 

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from leanbatch import ProgressLR, cosine
-from leanbatch.engine.data import Budget
+from leanbatch.engine.running.data import Budget
 from leanbatch.tasks.images.config import TrainConfig
 from leanbatch.tasks.images.data import DataSplit
 from leanbatch.tasks.images.loop import augment

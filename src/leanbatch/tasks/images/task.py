@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from leanbatch import ProgressLR, cosine, training_progress
-from leanbatch.engine.data import Budget
+from leanbatch.engine.running.data import Budget
 from leanbatch.tasks.images.config import TrainConfig, has_batchnorm
 from leanbatch.tasks.images.data import DataSplit
 from leanbatch.tasks.images.irreducible import train_irreducible

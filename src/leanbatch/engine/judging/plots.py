@@ -1,13 +1,14 @@
 """PNG plots of a study, drawn from the results.json payload (matplotlib, no display needed).
 
-- ``metric_vs_time.png``: the metric of every ``run.log`` against training time, one line per arm
+- ``metric_vs_time.png``: the metric of every ``run.log`` against its cost on the study's clock
+  (work by default, or training time), one line per arm
   (mean over seeds at each epoch; the baseline's budgets thin and dashed), with the baseline's
   final value and the tolerance band;
 - ``kept_per_epoch.png``: the share of the training set loaded and backpropagated per epoch
   (arms with a wrapper; the budgets, which keep everything, left out);
 - ``loss_histograms.png``: the per-sample scores a pruning arm planned a few epochs from, with
   the threshold;
-- ``equal_time.png``: final metric against training time: the baseline's two families (fewer
+- ``equal_time.png``: final metric against cost on the study's clock: the baseline's two families (fewer
   steps, smaller batches), their envelope, every other arm as a point with error bars over seeds,
   labelled with its paired difference to the envelope and its verdict.
 
@@ -19,9 +20,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from leanbatch.engine.envelope import envelope_at
-from leanbatch.engine.files import atomic_open
-from leanbatch.engine.verdicts import std_of
+from leanbatch.engine.judging.envelope import envelope_at
+from leanbatch.engine.judging.files import atomic_open
+from leanbatch.engine.judging.records import RunRecord, clock_axis, work_scale
+from leanbatch.engine.judging.verdicts import std_of
 
 __all__ = ["PLOT_NAMES", "write_plots"]
 
@@ -30,11 +32,20 @@ PLOT_NAMES = ("metric_vs_time.png", "kept_per_epoch.png", "loss_histograms.png",
 
 def _mean_curve(runs: list[dict[str, Any]], key: str) -> list[float]:
     """The mean over seeds of an epoch key, epoch by epoch (a missing value: NaN, a gap in the line)."""
-    n = min(len(r["epochs"]) for r in runs)
-    values = [
-        [float("nan") if r["epochs"][i][key] is None else r["epochs"][i][key] for r in runs] for i in range(n)
-    ]
-    return [sum(v) / len(v) for v in values]
+    return _mean_of([[e[key] for e in r["epochs"]] for r in runs])
+
+
+def _mean_of(curves: list[list[float | None]]) -> list[float]:
+    """The mean of ``curves`` (one per seed), point by point, up to the shortest (None: NaN, a gap)."""
+    n = min(len(c) for c in curves)
+    return [sum(float("nan") if c[i] is None else c[i] for c in curves) / len(curves) for i in range(n)]  # type: ignore[misc]
+
+
+def _cost_curves(payload: dict[str, Any]) -> dict[int, list[float | None]]:
+    """Each run's cost at each ``run.log`` on the study's clock, by the run's place in ``runs``."""
+    records = [RunRecord.from_dict(r) for r in payload["runs"]]
+    clock, scale = payload["config"].get("clock", "work"), work_scale(records)
+    return {id(r): rec.curve(clock, scale) for r, rec in zip(payload["runs"], records, strict=True)}
 
 
 def _groups(payload: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
@@ -68,7 +79,7 @@ def write_plots(payload: dict[str, Any], out_dir: Path) -> list[Path]:
     hist_run = next((r for r in payload["runs"] if r["histograms"]), None)
     if hist_run is not None:
         written.append(_histogram_plot(plt, hist_run, out_dir / "loss_histograms.png"))
-    section = payload["envelope_cpu" if cfg.get("clock") == "cpu" else "envelope"]
+    section = payload["envelope"]
     if sum(len(points) for points in section["families"].values()) >= 2:
         written.append(_equal_time_plot(plt, section, label, title, out_dir / "equal_time.png"))
     return written
@@ -78,16 +89,16 @@ def _metric_plot(
     plt: Any, payload: dict[str, Any], groups: dict[str, Any], label: str, title: str, path: Path
 ) -> Path:
     fig, ax = plt.subplots(figsize=(7, 4.5))
+    costs = _cost_curves(payload)
     for name, runs in groups.items():
         style = {"ls": "--", "lw": 0.9, "ms": 2} if _is_budget(runs) else {"ms": 3}
-        ax.plot(
-            _mean_curve(runs, "train_time_s"), _mean_curve(runs, "metric"), marker="o", label=name, **style
-        )
+        xs = _mean_of([costs[id(r)] for r in runs])
+        ax.plot(xs, _mean_curve(runs, "metric")[: len(xs)], marker="o", label=name, **style)
     base = next((row for row in payload["summary"] if row["method"] == "baseline"), None)
     if base is not None and base["target"] is not None:
         ax.axhline(base["metric_mean"], color="grey", lw=0.8, ls="--")
         ax.axhspan(base["target"], base["metric_mean"], color="grey", alpha=0.12, lw=0)
-    _label(ax, "training time (s, evaluation excluded)", label, f"{label} vs time: {title}")
+    _label(ax, clock_axis(payload["config"].get("clock", "work"))[1], label, f"{label} vs cost: {title}")
     return _save(fig, path)
 
 
@@ -150,10 +161,10 @@ def _equal_time_plot(plt: Any, section: dict[str, Any], label: str, title: str, 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     curves = {}
     for family, pts in section["families"].items():
-        pts = sorted(pts, key=lambda p: p["time_s_mean"])
-        curves[family] = [(p["time_s_mean"], p["metric_mean"]) for p in pts]
+        pts = sorted(pts, key=lambda p: p["cost_mean"])
+        curves[family] = [(p["cost_mean"], p["metric_mean"]) for p in pts]
         ax.errorbar(
-            [p["time_s_mean"] for p in pts], [p["metric_mean"] for p in pts], xerr=[p["time_s_std"] for p in pts],
+            [p["cost_mean"] for p in pts], [p["metric_mean"] for p in pts], xerr=[p["cost_std"] for p in pts],
             yerr=[p["metric_std"] for p in pts], ms=4, capsize=3, lw=1.4, **_STYLE[family],
         )  # fmt: skip
     times = sorted({t for pts in curves.values() for t, _ in pts})
@@ -171,14 +182,15 @@ def _equal_time_plot(plt: Any, section: dict[str, Any], label: str, title: str, 
             label="envelope (best of both)",
         )
     for row in section["rows"]:
-        ts, ms = [s["time_s"] for s in row["per_seed"]], [s["metric"] for s in row["per_seed"]]
+        if not row["per_seed"] or any(s["cost"] is None for s in row["per_seed"]):
+            continue
+        ts, ms = [s["cost"] for s in row["per_seed"]], [s["metric"] for s in row["per_seed"]]
         diff = "" if row["diff_mean"] is None else f"{row['diff_mean']:+.3g}, "
         ax.errorbar(
             [sum(ts) / len(ts)], [sum(ms) / len(ms)], xerr=[std_of(ts)], yerr=[std_of(ms)], marker="o", ms=6,
             capsize=3, ls="none", label=f"{row['method']}: {diff}{row['verdict']}",
         )  # fmt: skip
-    clock = "training CPU time" if section.get("clock") == "cpu" else "training wall-clock"
-    _label(ax, f"{clock} (s, evaluation excluded)", f"final {label}", f"At equal time: {title}")
+    _label(ax, clock_axis(section.get("clock", "work"))[1], f"final {label}", f"At equal cost: {title}")
     return _save(fig, path)
 
 

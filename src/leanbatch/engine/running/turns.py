@@ -14,7 +14,7 @@ the other arms' results.
 
 Example:
     >>> from leanbatch.arms.methods import parse_methods
-    >>> from leanbatch.engine.run import Run
+    >>> from leanbatch.engine.running.run import Run
     >>> turns = []
     >>> def task(run):
     ...     ds = run.wrap(list(range(8)), 2)
@@ -42,7 +42,8 @@ from typing import Any
 
 import torch
 
-from leanbatch.engine.run import Run
+from leanbatch.engine.running.data import StudyError
+from leanbatch.engine.running.run import Run
 
 __all__ = ["Stopped", "take_turns"]
 
@@ -123,10 +124,20 @@ def _stop(arm: _Arm) -> None:
     arm.go.set()
 
 
+def _stop_all(arms: list[_Arm]) -> None:
+    for arm in arms:
+        _stop(arm)
+    for arm in arms:
+        arm.thread.join(timeout=30.0)
+        if not arm.done:
+            arm.outcome = Stopped()
+
+
 def take_turns(task: Callable[[Run], Any], runs: list[Run], whole: bool = False) -> list[tuple[Run, Any]]:
     """Run ``task`` once per run, in turns (``whole``: each run to its end before the next); each
-    run with its outcome: its :class:`~leanbatch.engine.records.RunRecord`, or the exception it
-    raised, or :class:`Stopped` when Ctrl-C stopped it (then every unfinished arm is stopped)."""
+    run with its outcome: its :class:`~leanbatch.engine.judging.records.RunRecord`, or the exception it
+    raised, or :class:`Stopped` when Ctrl-C or another arm's
+    :class:`~leanbatch.engine.running.data.StudyError` stopped it (then every unfinished arm is stopped)."""
     yielded = threading.Event()
     start = _rng_state()
     arms = [_Arm(task, run, start, yielded) for run in runs]
@@ -143,13 +154,11 @@ def take_turns(task: Callable[[Run], Any], runs: list[Run], whole: bool = False)
                 pass
             if isinstance(current.outcome, Stopped):
                 raise KeyboardInterrupt  # the arm was interrupted: stop the others as Ctrl-C would
+            if isinstance(current.outcome, StudyError):
+                _stop_all(arms)  # a breach every arm shares: the others stop where they stand
+                break
     except KeyboardInterrupt:
-        for arm in arms:
-            _stop(arm)
-        for arm in arms:
-            arm.thread.join(timeout=30.0)
-            if not arm.done:
-                arm.outcome = Stopped()
+        _stop_all(arms)
     finally:
         _set_rng_state(start)
     return [(a.run, a.outcome) for a in arms]

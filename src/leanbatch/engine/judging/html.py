@@ -15,7 +15,7 @@ import base64
 import html
 from pathlib import Path
 
-from leanbatch.engine.files import atomic_write_text
+from leanbatch.engine.judging.files import atomic_write_text
 
 __all__ = ["render", "write_html"]
 

@@ -22,13 +22,33 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-from typing import Any
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 from leanbatch import SelectiveBackprop
-from leanbatch.arms.registry import SelectorContext
-from leanbatch.engine.data import ArmRun, ContractError, CountedInfoBatch, _Counts
+from leanbatch.arms.methods import Arm
+from leanbatch.engine.running.data import ContractError, CountedInfoBatch, Counts
+from leanbatch.selection import Selector
 
-__all__ = ["hf_trainer", "lightning_callback"]
+__all__ = ["framework_selector", "hf_trainer", "lightning_callback", "whole_epochs"]
+
+
+class TaskRun(Protocol):
+    """What the framework wiring uses of a :class:`~leanbatch.engine.running.run.Run` (which calls it):
+    its public face only, so the dependency points one way."""
+
+    @property
+    def data(self) -> Any: ...
+
+    @property
+    def clock(self) -> Any: ...
+
+    @property
+    def total_steps(self) -> int | None: ...
+
+    def untimed(self) -> AbstractContextManager[None]: ...
+
+    def log(self, epoch: int | None = None, **values: Any) -> None: ...
 
 
 def _numbers(metrics: Any) -> dict[str, float]:
@@ -41,33 +61,23 @@ def _numbers(metrics: Any) -> dict[str, float]:
     return out
 
 
-def _selector(run: ArmRun, loss_fn: Any, proxy: Any) -> SelectiveBackprop | None:
-    if not run.arm.selects:
-        return None
-    sel = run.arm.selector(
-        SelectorContext(run.seed, run._sizes[0] if run._sizes else 1, proxy, None, loss_fn)
-    )
-    if not isinstance(sel, SelectiveBackprop):
+def framework_selector(arm: Arm, selector: Selector | None) -> SelectiveBackprop | None:
+    """``selector`` (the arm's), refused unless it is Selective Backprop or its twin: the only
+    selection the frameworks' adapters run."""
+    if selector is not None and not isinstance(selector, SelectiveBackprop):
         raise ContractError(
-            f"{run.label}: a framework's adapter selects with Selective Backprop and its uniform twin only; "
-            f"{run.kind} needs a plain loop with run.select(...)"
+            f"{arm.label}: a framework's adapter selects with Selective Backprop and its uniform twin only; "
+            f"{arm.kind} needs a plain loop with run.select(...)"
         )
-    run._selector = sel
-    return sel
+    return selector
 
 
-def _data(run: ArmRun, dataset: Any, num_epochs: int, **options: Any) -> CountedInfoBatch:
-    """The arm's InfoBatch (every sample kept with weight 1 for a keep-all arm)."""
-    run._sizes = run._check_data(dataset, num_epochs)
-    if run.arm.prunes:
-        return CountedInfoBatch(
-            dataset, num_epochs, seed=run.seed, policy=run.arm.policy(num_epochs, run.seed), **options
-        )
-    return CountedInfoBatch(dataset, num_epochs, 0.0, seed=run.seed, policy="random", **options)
-
-
-def _limited(run: ArmRun) -> int | None:
-    return run.total_steps if run.arm.budget != 1.0 or run.arm.batch != 1.0 else None
+def whole_epochs(args: Any) -> int:
+    """``args.num_train_epochs`` (a Trainer's), refused unless whole: the arms plan whole epochs."""
+    epochs = args.num_train_epochs
+    if float(epochs) != int(epochs):
+        raise ContractError(f"args.num_train_epochs={epochs}: the arms plan whole epochs; use an integer")
+    return int(epochs)
 
 
 # ---------------------------------------------------------------------------- Lightning
@@ -82,20 +92,20 @@ def _callback_class() -> type:
     class ArmCallback(LeanBatchCallback):  # type: ignore[misc, valid-type]
         """:class:`~leanbatch.lightning.LeanBatchCallback` for one arm: its budget, its clock, its log."""
 
-        def __init__(self, run: ArmRun, *args: Any, **kwargs: Any):
+        def __init__(self, run: TaskRun, *args: Any, **kwargs: Any):
             super().__init__(*args, **kwargs)
             self.run, self._off = run, contextlib.ExitStack()
 
         @property
         def progress(self) -> float:
-            total = _limited(self.run)
+            total = self.run.total_steps
             return super().progress if total is None else min(1.0, self.run.data.counts.steps / total)
 
         def on_train_batch_end(
             self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int
         ) -> None:
             super().on_train_batch_end(trainer, module, outputs, batch, batch_idx)
-            total = _limited(self.run)
+            total = self.run.total_steps
             if total is not None and self.run.data.counts.steps >= total:
                 trainer.should_stop = True  # the budget is spent: the fit ends after this batch
 
@@ -117,14 +127,11 @@ def _callback_class() -> type:
 
 
 def lightning_callback(
-    run: ArmRun, dataset: Any, num_epochs: int, *, loss_fn: Any = None, proxy: Any = None, **kwargs: Any
+    run: TaskRun, data: CountedInfoBatch, selector: SelectiveBackprop | None, **kwargs: Any
 ) -> Any:
-    """The arm's :class:`~leanbatch.lightning.LeanBatchCallback` (see the module docstring); ``loss_fn``:
-    Selective Backprop's ``loss_fn(output, target, reduction="none")`` for ``lb.select``."""
-    ib = _data(run, dataset, num_epochs)
-    cb = _callback_class()(run, ib, _selector(run, loss_fn, proxy), **kwargs)
-    run.data = ib
-    return cb
+    """The arm's :class:`~leanbatch.lightning.LeanBatchCallback` over ``data`` with ``selector`` (see the
+    module docstring); ``kwargs``: the callback's other arguments."""
+    return _callback_class()(run, data, selector, **kwargs)
 
 
 # ---------------------------------------------------------------------------- Hugging Face
@@ -132,7 +139,7 @@ class _Steps:
     """A stock Trainer's arm: the rows and steps its training steps took, its progress."""
 
     def __init__(self, trainer: Any):
-        self.counts, self.trainer = _Counts(), trainer
+        self.counts, self.trainer = Counts(), trainer
 
     @property
     def progress(self) -> float:
@@ -144,9 +151,9 @@ def _trainer_class(base: type) -> type:
     class ArmTrainer(base):  # type: ignore[misc, valid-type]
         """The arm's trainer: counts its steps, evaluates off the clock, logs each evaluation."""
 
-        def __init__(self, *args: Any, run: ArmRun, **kwargs: Any):
+        def __init__(self, *args: Any, run: TaskRun, selector: Any, **kwargs: Any):
             super().__init__(*args, **kwargs)
-            self.run, self._training, self._skipped = run, False, 0
+            self.run, self.selector, self._training, self._skipped = run, selector, False, 0
 
         def train(self, *args: Any, **kwargs: Any) -> Any:
             self._training = True
@@ -160,7 +167,7 @@ def _trainer_class(base: type) -> type:
             tensors = (
                 [v for v in inputs.values() if hasattr(v, "shape")] if isinstance(inputs, dict) else [inputs]
             )
-            sel = self.run._selector  # rows the selection took out of this batch (before this step) count too
+            sel = self.selector  # rows the selection took out of this batch (before this step) count too
             skipped = 0 if sel is None else sel.stats.skipped - self._skipped
             self._skipped += skipped
             self.run.data.counts.add(range(len(tensors[0]) + skipped), None)
@@ -179,35 +186,30 @@ def _trainer_class(base: type) -> type:
 
 
 def hf_trainer(
-    run: ArmRun, *, args: Any, train_dataset: Any, trainer_class: Any = None, **kwargs: Any
-) -> Any:
-    """The arm's ``transformers.Trainer`` (see the module docstring); ``trainer_class``: a ``Trainer``
-    subclass of your own (the default: ``Trainer``)."""
+    run: TaskRun,
+    args: Any,
+    train_dataset: Any,
+    data: CountedInfoBatch | None,
+    selector: SelectiveBackprop | None,
+    trainer_class: Any = None,
+    **kwargs: Any,
+) -> tuple[Any, Any]:
+    """The arm's ``transformers.Trainer`` (see the module docstring) and its data: ``data`` (a pruning
+    arm's InfoBatch), else what counts the trainer's steps. ``trainer_class``: a ``Trainer`` subclass
+    of your own (the default: ``Trainer``)."""
     from transformers import Trainer
 
     from leanbatch.hf import leanbatch_trainer
 
     base = trainer_class or Trainer
-    epochs = args.num_train_epochs
-    if float(epochs) != int(epochs):
-        raise ContractError(f"args.num_train_epochs={epochs}: the arms plan whole epochs; use an integer")
-    if run.arm.prunes or run.arm.selects:
-        data: Any = _data(run, train_dataset, int(epochs), shard=False) if run.arm.prunes else None
-        if data is None:
-            run._sizes = run._check_data(train_dataset, int(epochs))
-        sb = _selector(run, None, kwargs.pop("proxy", None))
-        lean = {"train_dataset": data if data is not None else train_dataset, "selective_backprop": sb}
-        trainer = _trainer_class(leanbatch_trainer(base))(run=run, args=args, **lean, **kwargs)
-        run.data = data if data is not None else _Steps(trainer)
+    if data is not None or selector is not None:
+        lean = {"train_dataset": data if data is not None else train_dataset, "selective_backprop": selector}
+        cls = _trainer_class(leanbatch_trainer(base))
     else:
-        run._sizes = run._check_data(train_dataset, int(epochs))
-        if run._batch is None:
-            run._batch = int(args.per_device_train_batch_size)
-        total = _limited(run)
+        total = run.total_steps
         if total is not None:
-            args = dataclasses.replace(
-                args, max_steps=math.ceil(total / max(1, args.gradient_accumulation_steps))
-            )
-        trainer = _trainer_class(base)(run=run, args=args, train_dataset=train_dataset, **kwargs)
-        run.data = _Steps(trainer)
-    return trainer
+            steps = math.ceil(total / max(1, args.gradient_accumulation_steps))
+            args = dataclasses.replace(args, max_steps=steps)
+        lean, cls = {"train_dataset": train_dataset}, _trainer_class(base)
+    trainer = cls(run=run, selector=selector, args=args, **lean, **kwargs)
+    return trainer, data if data is not None else _Steps(trainer)

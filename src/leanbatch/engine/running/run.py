@@ -39,34 +39,45 @@ from torch import Tensor
 from leanbatch import InfoBatch
 from leanbatch.arms.methods import Arm
 from leanbatch.arms.registry import SelectorContext
-from leanbatch.engine.data import Budget, ContractError, CountedInfoBatch, KeepAll
-from leanbatch.engine.histograms import histogram, snapshot_epochs
-from leanbatch.engine.records import EpochRecord, RunRecord
-from leanbatch.engine.selecting import Pick, select
+from leanbatch.engine.judging.records import EpochRecord, RunRecord
+from leanbatch.engine.running.data import (
+    Budget,
+    ContractError,
+    CountedInfoBatch,
+    HookMissing,
+    KeepAll,
+    StudyError,
+    world_size,
+)
+from leanbatch.engine.running.selecting import Pick, select
+from leanbatch.engine.running.tally import Tally
 from leanbatch.selection import Selector
 
-__all__ = ["Run"]
+__all__ = ["Clock", "Run"]
 
 
-class _Clock:
-    """Training wall-clock and process CPU time, accumulated over the spans it runs."""
+class Clock:
+    """Training wall-clock and process CPU time, accumulated over the spans it runs (``untimed``:
+    the wall-clock of the blocks off it)."""
 
     def __init__(self) -> None:
         self.wall = self.cpu = self.untimed = 0.0
         self.started, self.depth = False, 0
         self._since: tuple[float, float] | None = None
-        self._paused_at = time.perf_counter()
 
     def start(self) -> None:
+        """Start it (once; later calls change nothing)."""
         if not self.started:
             self.started = True
             self.resume()
 
     def resume(self) -> None:
+        """Run again after :meth:`pause`, unless it never started or an untimed block is open."""
         if self.started and self.depth == 0 and self._since is None:
             self._since = (time.perf_counter(), time.process_time())
 
     def pause(self) -> None:
+        """Stop counting (the device's queued work first)."""
         if self._since is not None:
             if torch.cuda.is_available() and torch.cuda.is_initialized():
                 torch.cuda.synchronize()
@@ -74,6 +85,20 @@ class _Clock:
             self.wall += time.perf_counter() - w
             self.cpu += time.process_time() - c
             self._since = None
+
+    @contextlib.contextmanager
+    def off(self) -> Iterator[None]:
+        """A block off the clock (blocks nest)."""
+        t0 = time.perf_counter()
+        self.pause()
+        self.depth += 1
+        try:
+            yield
+        finally:
+            self.depth -= 1
+            if self.depth == 0:
+                self.untimed += time.perf_counter() - t0
+            self.resume()
 
 
 def _number(value: Any, what: str) -> float:
@@ -101,25 +126,33 @@ class Run:
     """
 
     def __init__(
-        self, arm: Arm, seed: int, metric: str = "metric", on_log: Callable[[Run], None] | None = None
+        self,
+        arm: Arm,
+        seed: int,
+        metric: str = "metric",
+        on_log: Callable[[Run], None] | None = None,
+        *,
+        metric_option: str = "metric={!r}",
+        optional: bool = False,
     ):
         self.arm, self.seed, self.metric_name, self._on_log = arm, int(seed), metric, on_log
+        # how the study names its metric ("--metric {}" on the command line); a default method, left
+        # out (HookMissing) when the task has no hook for it
+        self._metric_option, self._optional = metric_option, optional
         self.label, self.kind, self.settings = arm.label, arm.kind, dict(arm.settings)
         self.data: Any = None  # the arm's data (run.wrap) or a framework's (run.callback, run.trainer)
         self.epochs: list[EpochRecord] = []
-        self.histograms: list[dict[str, Any]] = []
         self.notes: dict[str, Any] = {}
         self.charged: dict[str, float] = {}
-        self.clock = _Clock()
+        self.clock = Clock()
         self.turn: Callable[[], None] = lambda: None  # the scheduler's: run.log hands the turn on
         self._batch: int | None = None  # the task's batch size (run.batch_size)
         self._selector: Selector | None = None
         self._sizes: tuple[int, int] | None = None  # (samples, epochs) of the full run
         self._min_batch = 1
         self._batches = 0  # run.select calls since the last run.log (a batch's index in its epoch)
-        self._seen = (0, 0, 0, 0, 0)  # served, steps, rows, scored, skipped at the last run.log
-        self._totals: dict[str, int] = {}  # every epoch's counts, the steps after the last run.log too
-        self._snapshot: Tensor | None = None  # the scores an epoch is planned from (a histogram)
+        self._selected = self._stepped = False  # run.select called; a step trained
+        self._tally = Tally()
         self._policy: Any = None  # a pruning arm's policy (its pruning epochs: the histograms')
         self._load = [_load_avg()]
 
@@ -127,55 +160,103 @@ class Run:
     def wrap(self, dataset: Any, num_epochs: int, *, min_batch: int = 1) -> InfoBatch | KeepAll:
         """The arm's data over ``dataset`` for ``num_epochs`` epochs (starts the clock): an
         :class:`~leanbatch.InfoBatch` with the arm's policy for a pruning arm, else a
-        :class:`~leanbatch.engine.data.KeepAll` (every sample, the arm's budget). Use it as an
+        :class:`~leanbatch.engine.running.data.KeepAll` (every sample, the arm's budget). Use it as an
         InfoBatch: ``sampler=ds.sampler``, ``ds.set_epoch(epoch)``, ``ds.update(per_sample_loss)``.
         ``min_batch``: a last batch of an epoch with fewer rows is not trained (2 for BatchNorm).
         """
-        self._sizes = self._check_data(dataset, num_epochs)
+        self._bind(dataset, num_epochs)
         self._min_batch = int(min_batch)
         if self.arm.prunes:
             self._policy = policy = self.arm.policy(num_epochs, self.seed)
-            self.data = CountedInfoBatch(dataset, num_epochs, seed=self.seed, policy=policy)
+            self.data = CountedInfoBatch(
+                dataset, num_epochs, seed=self.seed, policy=policy, on_step=self._step
+            )
         else:
             budget = Budget(self.arm.budget, self.arm.batch, self._min_batch)
             self.data = KeepAll(
-                dataset,
-                num_epochs,
-                seed=self.seed,
-                budget=budget,
-                batch_size=self._task_batch,
-                label=self.label,
-            )
+                dataset, num_epochs, seed=self.seed, budget=budget, batch_size=lambda: self._batch,
+                on_step=self._step,
+            )  # fmt: skip
         self.clock.start()
         return self.data
 
-    def callback(self, dataset: Any, num_epochs: int, **kwargs: Any) -> Any:
+    def callback(
+        self, dataset: Any, num_epochs: int, *, loss_fn: Any = None, proxy: Any = None, **kwargs: Any
+    ) -> Any:
         """The arm as a Lightning :class:`~leanbatch.lightning.LeanBatchCallback` over ``dataset``
         (``Trainer(max_epochs=num_epochs, callbacks=[lb])``; the clock starts with the fit): see
-        :mod:`~leanbatch.engine.frameworks`. ``loss_fn=``: Selective Backprop's, for ``lb.select``."""
-        from leanbatch.engine.frameworks import lightning_callback
+        :mod:`~leanbatch.engine.running.frameworks`. ``loss_fn=``: Selective Backprop's, for ``lb.select``."""
+        from leanbatch.engine.running.frameworks import framework_selector, lightning_callback
 
-        return lightning_callback(self, dataset, num_epochs, **kwargs)
+        self._bind(dataset, num_epochs)
+        data = self._framework_data(dataset, num_epochs)
+        selector = framework_selector(self.arm, self._selector_for(loss_fn=loss_fn, proxy=proxy))
+        callback = lightning_callback(self, data, selector, **kwargs)
+        self.data = data
+        return callback
 
-    def trainer(self, *, args: Any, train_dataset: Any, **kwargs: Any) -> Any:
+    def trainer(self, *, args: Any, train_dataset: Any, trainer_class: Any = None, **kwargs: Any) -> Any:
         """The arm as a Hugging Face ``Trainer`` (``LeanBatchTrainer`` for a pruning or selecting arm;
         ``max_steps`` for a budget arm), built with ``args``, ``train_dataset`` and the Trainer's other
-        arguments (the clock starts with its ``train()``): see :mod:`~leanbatch.engine.frameworks`."""
-        from leanbatch.engine.frameworks import hf_trainer
+        arguments (the clock starts with its ``train()``; ``trainer_class``: your own ``Trainer``
+        subclass): see :mod:`~leanbatch.engine.running.frameworks`."""
+        from leanbatch.engine.running.frameworks import framework_selector, hf_trainer, whole_epochs
 
-        return hf_trainer(self, args=args, train_dataset=train_dataset, **kwargs)
+        epochs = whole_epochs(args)
+        self._bind(train_dataset, epochs)
+        data = self._framework_data(train_dataset, epochs, shard=False) if self.arm.prunes else None
+        selector = framework_selector(self.arm, self._selector_for(proxy=kwargs.pop("proxy", None)))
+        if not (self.arm.prunes or self.arm.selects) and self._batch is None:
+            self._batch = int(args.per_device_train_batch_size)
+        trainer, self.data = hf_trainer(self, args, train_dataset, data, selector, trainer_class, **kwargs)
+        return trainer
 
-    def _check_data(self, dataset: Any, num_epochs: Any) -> tuple[int, int]:
-        if self.data is not None:
+    def _bind(self, dataset: Any, num_epochs: Any) -> None:
+        """Check and keep the full run's size: ``dataset``'s samples and ``num_epochs``."""
+        if self._sizes is not None:
             raise ContractError("run.wrap / run.callback / run.trainer is called once per run")
         if isinstance(num_epochs, bool) or not isinstance(num_epochs, int) or num_epochs < 1:
             raise ContractError(f"num_epochs must be an int >= 1, got {num_epochs!r}")
         if not hasattr(dataset, "__len__") or len(dataset) < 1:
             raise ContractError("run.wrap takes a map-style dataset with at least one sample (len() and [i])")
-        return len(dataset), num_epochs
+        self._sizes = (len(dataset), num_epochs)
 
-    def _task_batch(self) -> int | None:
-        return self._batch
+    def _framework_data(self, dataset: Any, num_epochs: int, **options: Any) -> CountedInfoBatch:
+        """A framework arm's InfoBatch: the arm's policy, or every sample kept with weight 1."""
+        if self.arm.prunes:
+            policy = self._policy = self.arm.policy(num_epochs, self.seed)
+            return CountedInfoBatch(
+                dataset, num_epochs, seed=self.seed, policy=policy, on_step=self._step, **options
+            )
+        return CountedInfoBatch(
+            dataset, num_epochs, 0.0, seed=self.seed, policy="random", on_step=self._step, **options
+        )
+
+    def _step(self, rows: int) -> None:
+        """Every training step of the arm's data, before it trains: the checks only a step can make."""
+        if not self._stepped:
+            self._stepped = True
+            stats = None if self._selector is None else self._selector.stats
+            if self.arm.selects and not self._selected and (stats is None or stats.batches == 0):
+                raise (HookMissing if self._optional else StudyError)(
+                    "it selects rows of each batch, but the task trained a step without run.select(...), the "
+                    "batch-level selection hook: add it to the loop (docs/bench.md) or leave the arm out"
+                )
+        if self._batch is not None and rows > (most := Budget(batch=self.arm.batch).rows(self._batch)):
+            raise StudyError(
+                f"trained a batch of {rows} rows where run.batch_size({self._batch}) gave {most}: build the "
+                "DataLoader with batch_size=run.batch_size(B)"
+            )
+
+    def _selector_for(self, **context: Any) -> Selector | None:
+        """The arm's selector (None for an arm that does not select), built at the first call."""
+        if self.arm.selects and self._selector is None:
+            if self._sizes is None:
+                raise ContractError("run.select needs run.wrap(dataset, num_epochs) first")
+            ctx = SelectorContext(self.seed, self._sizes[0], context.get("proxy"), context.get("irreducible"),
+                                  context.get("loss_fn"))  # fmt: skip
+            self._selector = self.arm.selector(ctx)
+        return self._selector
 
     def batch_size(self, size: int) -> int:
         """The training loader's batch size for this arm: ``round(b x size)`` for a batch budget
@@ -190,29 +271,21 @@ class Run:
         """The arm's optimizer steps when its length is fixed in steps (a step or batch budget), for a
         task that lays its schedule over a step count; None when it trains ``num_epochs`` epochs (a
         pruning arm's epochs are shorter: read ``ds.progress``). Needs ``run.wrap`` and ``run.batch_size``."""
-        if not (self.arm.budget != 1.0 or self.arm.batch != 1.0):
+        if not self.arm.limited:
             return None
+        if isinstance(self.data, KeepAll) and self._batch is not None:
+            return self.data.total_steps  # the loader's own steps, once its first epoch showed them
         if self._sizes is None or self._batch is None:
             raise ContractError("run.total_steps needs run.wrap(...) and run.batch_size(...) first")
-        samples = math.ceil(self._sizes[0] / _world())
+        samples = math.ceil(self._sizes[0] / world_size())
         return Budget(self.arm.budget, self.arm.batch, self._min_batch).total_steps(
             samples, self._sizes[1], self._batch
         )
 
     # ------------------------------------------------------------------ the clock
-    @contextlib.contextmanager
-    def untimed(self) -> Iterator[None]:
+    def untimed(self) -> contextlib.AbstractContextManager[None]:
         """A block off the clock: evaluation, checkpoints, logging (blocks nest)."""
-        t0 = time.perf_counter()
-        self.clock.pause()
-        self.clock.depth += 1
-        try:
-            yield
-        finally:
-            self.clock.depth -= 1
-            if self.clock.depth == 0:
-                self.clock.untimed += time.perf_counter() - t0
-            self.clock.resume()
+        return self.clock.off()
 
     # ------------------------------------------------------------------ selection
     def select(
@@ -228,7 +301,7 @@ class Run:
         irreducible: Callable[[], Tensor] | None = None,
         lr: float | None = None,
     ) -> Pick:
-        """The rows of ``batch`` this arm trains on (:class:`~leanbatch.engine.selecting.Pick`): a
+        """The rows of ``batch`` this arm trains on (:class:`~leanbatch.engine.running.selecting.Pick`): a
         batch-level arm's selection, every row for the others. ``indices``: the rows' dataset indices
         (online batch selection and stacking on InfoBatch need them); ``progress`` (default: the arm's
         data's) and ``batch_idx`` (default: the batch's place since the last ``run.log``) place the
@@ -236,18 +309,12 @@ class Run:
         proxy and ``irreducible() -> losses`` gives ``rho-loss`` its holdout losses (both called once);
         ``lr``: the main run's learning rate, which a proxy follows."""
         idx = self._batches if batch_idx is None else batch_idx
-        self._batches += 1
-        if not self.arm.selects:
+        self._batches, self._selected = self._batches + 1, True
+        selector = self._selector_for(proxy=proxy, irreducible=irreducible)
+        if selector is None:
             return Pick(batch, None, indices)
-        if self._selector is None:
-            samples = self._sizes[0] if self._sizes is not None else None
-            if samples is None:
-                raise ContractError("run.select needs run.wrap(dataset, num_epochs) first")
-            self._selector = self.arm.selector(SelectorContext(self.seed, samples, proxy, irreducible))
         p = self.progress if progress is None else progress
-        return select(
-            self._selector, self.settings, batch, model, loss_fn, p, idx, indices, self._min_batch, lr
-        )
+        return select(selector, self.settings, batch, model, loss_fn, p, idx, indices, self._min_batch, lr)
 
     @property
     def progress(self) -> float:
@@ -267,112 +334,84 @@ class Run:
         self.notes.update(values)
 
     def log(self, epoch: int | None = None, **values: Any) -> None:
-        """Record an epoch's numbers: the metric (``metric=``, or the study's metric name) and any
-        others; then the engine may run another arm's epoch before this call returns."""
+        """Record an epoch's numbers: the metric (``metric=``, or the study's metric name; ``None`` for
+        an epoch not evaluated) and any others; then the engine may run another arm's epoch before
+        this call returns. Numbers without the metric stop the study (it is misnamed)."""
         self.clock.pause()
+        named = self.metric_name in values or "metric" in values
         metric = values.pop(self.metric_name, values.pop("metric", None))
-        record = EpochRecord(
-            epoch=len(self.epochs) if epoch is None else int(epoch),
-            metric=None if metric is None else _number(metric, f"run.log's {self.metric_name}"),
-            train_time_s=self.clock.wall,
-            train_cpu_time_s=self.clock.cpu,
-            values={k: _number(v, f"run.log's {k}") for k, v in values.items()},
-            **self._counted(),
+        if not named and values:  # an epoch not evaluated says so: run.log(metric=None, ...)
+            raise StudyError(
+                f"run.log(...) gave {', '.join(values)} but no {self.metric_name!r}: {self._name_it(values)}"
+            )
+        if isinstance(self.data, KeepAll) and self.data.exhausted:
+            self.data.end_epoch()
+        counts = self._count()
+        threshold, pruning = self._tally.plans(self.data, self._policy)
+        self.epochs.append(
+            EpochRecord(
+                epoch=len(self.epochs) if epoch is None else int(epoch),
+                metric=None if metric is None else _number(metric, f"run.log's {self.metric_name}"),
+                train_time_s=self.clock.wall,
+                train_cpu_time_s=self.clock.cpu,
+                threshold=threshold,
+                pruning=pruning,
+                values={k: _number(v, f"run.log's {k}") for k, v in values.items()},
+                **counts,
+            )  # fmt: skip
         )
-        self.epochs.append(record)
-        self._plans(record)
         self._batches = 0
         if self._on_log is not None:
             self._on_log(self)
         self.turn()
         self.clock.resume()
 
-    def _counted(self) -> dict[str, Any]:
-        """What the arm's data and selector counted since the last ``run.log``."""
-        d, sel = self.data, self._selector
-        stats = None if sel is None else sel.stats
-        now = (
-            self._served(),
-            0 if d is None else d.counts.steps,
-            0 if d is None else d.counts.rows,
-            0 if stats is None else stats.forwarded,
-            0 if stats is None else stats.skipped,
-        )
-        served, steps, rows, scored, skipped = (a - b for a, b in zip(now, self._seen, strict=True))
-        self._seen = now
-        trained = rows - skipped
-        counts = dict(
-            steps=steps, loaded=served, forwarded=trained, select_forwarded=scored,
-            backpropagated=trained, dropped=max(0, served - rows),
-        )  # fmt: skip
-        for k, v in counts.items():
-            self._totals[k] = self._totals.get(k, 0) + v
-        return counts
-
-    def _served(self) -> int:
-        """Samples the arm's data served so far (a framework's budget arm, stopped inside an epoch: trained)."""
-        data = self.data
-        limited = self.arm.budget != 1.0 or self.arm.batch != 1.0
-        if isinstance(data, InfoBatch) and not limited:  # its plans count every process's samples
-            return sum(math.ceil(int(s["kept"]) / _world()) for s in data.epoch_stats)
-        if isinstance(data, KeepAll):
-            return sum(data.served.values())
-        return 0 if data is None else int(data.counts.rows)
-
-    def _plans(self, record: EpochRecord) -> None:
-        """A pruning arm's plan of the epoch (threshold, pruning) and loss-histogram snapshots."""
-        ds = self.data
-        if not isinstance(ds, InfoBatch) or not ds.epoch_stats:
-            return
-        stats = ds.epoch_stats[-1]
-        record.threshold, record.pruning = stats["threshold"], bool(stats["pruning"])
-        if self._snapshot is not None:
-            self.histograms.append(histogram(self._snapshot, stats["threshold"], stats["epoch"]))
-            self._snapshot = None
-        if stats["epoch"] + 1 in snapshot_epochs(self._policy, ds.num_epochs):
-            self._snapshot = ds.scores.values.detach().clone()  # what the next epoch is planned from
+    def _count(self) -> dict[str, int]:
+        stats = None if self._selector is None else self._selector.stats
+        return self._tally.epoch(self.data, stats, self.arm.limited)
 
     def finish(self, returned: Any) -> RunRecord:
         """The run's record from what the task returned, after checking the contract."""
         self.clock.pause()
         metric = self._final(returned)
-        from leanbatch.engine.contract import check_trained
+        from leanbatch.engine.running.contract import check_trained
 
-        check_trained(self)
-        self._counted()  # the steps after the last run.log, into the totals
+        check_trained(self.arm, self.data, self._selector, lambda: self.total_steps)
+        self._count()  # the steps after the last run.log, into the totals
         samples, epochs = self._sizes if self._sizes is not None else (None, None)
-        samples = None if samples is None else math.ceil(samples / _world())  # each process's share
+        samples = None if samples is None else math.ceil(samples / world_size())  # each process's share
         self._load.append(_load_avg())
         scale = float(self.settings.get("scale_factor", 1.0)) ** 2
         return RunRecord(
             method=self.label, kind=self.kind, seed=self.seed, metric=metric, epochs=self.epochs,
             budget=self.arm.budget, batch=self.arm.batch, train_time_s=self.clock.wall,
             train_cpu_time_s=self.clock.cpu, untimed_s=self.clock.untimed, num_samples=samples,
-            num_epochs=epochs, scale=scale, charged=dict(self.charged), counts=dict(self._totals), histograms=self.histograms,
-            load_avg=self._load, notes=dict(self.notes),
+            num_epochs=epochs, scale=scale, charged=dict(self.charged), counts=dict(self._tally.totals),
+            histograms=self._tally.histograms, load_avg=self._load, notes=dict(self.notes),
         )  # fmt: skip
+
+    def _name_it(self, values: Any) -> str:
+        """How to name the metric among ``values`` (a task's logged or returned names)."""
+        names = [str(k) for k in values]
+        if len(names) == 1:
+            return f"name it with {self._metric_option.format(names[0])}"
+        return f"name the one to judge with {self._metric_option.format('NAME')} ({', '.join(names)})"
 
     def _final(self, returned: Any) -> float:
         name = self.metric_name
         if isinstance(returned, Mapping):
             if name not in returned:
                 got = ", ".join(map(str, returned)) or "nothing"
-                raise ContractError(f"the task returned {{{got}}} but not the metric {name!r} (--metric)")
+                raise StudyError(
+                    f"the task returned {{{got}}} but not the metric {name!r}: {self._name_it(returned)}"
+                )
             returned = returned[name]
         if returned is None:
-            raise ContractError(
-                f"the task returned no number: return the final {name} (or a dict holding it)"
-            )
+            raise StudyError(f"the task returned no number: return the final {name} (or a dict holding it)")
         value = _number(returned, f"the task's returned {name}")
         if not math.isfinite(value):
             raise ContractError(f"the task returned {value} as its {name}: a finite number is needed")
         return value
-
-
-def _world() -> int:
-    import torch.distributed as dist
-
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def _load_avg() -> float:

@@ -1,16 +1,19 @@
 """The printed answer of a study: one line per method first, then the full tables.
 
-- :func:`format_answer`: per method, the time saved, the metric against the full baseline, against
-  the envelope and against its uniform twin, and what that means (:func:`overall`);
-- :func:`format_summary`: every arm's time, work and metric (``fwd`` / ``bwd``: samples forwarded,
+- :func:`format_answer`: per method, the saving on the study's clock, the metric against the full
+  baseline, against the envelope and against its uniform twin, and what that means (:func:`overall`);
+- :func:`format_realisation`: the wall clock on this machine (``actual x``: baseline time / arm
+  time, paired by seed; ``achieved``: actual / ideal; ``cpu x``: the same in CPU time), and a line
+  when the baseline's own timing spread is larger than a saving;
+- :func:`format_summary`: every arm's metric, cost and work (``fwd`` / ``bwd``: samples forwarded,
   selection passes included / backpropagated, as a share of the full run's; ``ideal x``: 1 / the
-  FLOP-weighted work; ``actual x``: baseline time / arm time; ``achieved``: actual / ideal;
-  ``cpu x``: the same in CPU time; ``t->target``: training time until the metric first reached the
-  baseline's final mean less the tolerance, in the goal's direction);
+  FLOP-weighted work; ``t->target``: the cost until the metric first reached the baseline's final
+  mean less the tolerance, in the goal's direction);
 - :func:`format_envelope`: the envelope's points, then every arm against it, paired by seed;
 - :func:`format_controls`: each method against its uniform twin.
 
-Every table names the metric and its goal (``higher is better`` / ``lower is better``).
+Every table names the metric and its goal (``higher is better`` / ``lower is better``); all but the
+realisation are on the study's clock (``work`` by default: the same training prints them the same).
 
 Example:
     >>> print(format_controls({"rows": []}, "accuracy"))
@@ -23,12 +26,14 @@ import math
 from collections.abc import Collection, Sequence
 from typing import Any
 
-from leanbatch.engine.verdicts import std_of
+from leanbatch.engine.judging.records import clock_axis
+from leanbatch.engine.judging.verdicts import std_of
 
 __all__ = [
     "format_answer",
     "format_controls",
     "format_envelope",
+    "format_realisation",
     "format_results",
     "format_summary",
     "overall",
@@ -115,19 +120,20 @@ def overall(envelope_verdict: str | None, twin_verdict: str | None) -> str:
 
 
 def format_answer(payload: dict[str, Any]) -> str:
-    """One line per method that is not a baseline: the answer, ahead of the tables."""
+    """One line per method that is not a baseline: the answer, ahead of the tables (judged on the
+    study's clock: the same training prints the same answer on any machine)."""
     cfg = payload["config"]
-    metric, goal = cfg.get("metric", "metric"), cfg.get("goal", "max")
-    clock = "_cpu" if cfg.get("clock") == "cpu" else ""
-    env = {r["method"]: r for r in payload[f"envelope{clock}"]["rows"]}
+    metric, goal, clock = cfg.get("metric", "metric"), cfg.get("goal", "max"), cfg.get("clock", "work")
+    env = {r["method"]: r for r in payload["envelope"]["rows"]}
     twins = {r["method"]: r for r in payload["controls"]["rows"]}
-    head = ["method", "time saved", f"{metric} vs baseline", "vs envelope", "vs its twin", "verdict"]
+    saved = "work saved" if clock == "work" else f"{clock_axis(clock)[0].removesuffix(' s')} saved"
+    head = ["method", saved, f"{metric} vs baseline", "vs envelope", "vs its twin", "verdict"]
     lines = [head]
     for row in payload["summary"]:
         if row["kind"] == "baseline" or "~" in row["method"]:  # the baselines and the added twins: yardsticks
             continue
         e, t = env.get(row["method"]), twins.get(row["method"])
-        ratio = row["time_ratio_vs_baseline"]
+        ratio = row["cost_ratio_vs_baseline"]
         lines.append([
             row["method"], _fmt(None if ratio is None else (1 - ratio) * 100, ".1f", "%"),
             _fmt(row["metric_delta_vs_baseline"], "+.3g"), "-" if e is None else _diff(e),
@@ -136,42 +142,71 @@ def format_answer(payload: dict[str, Any]) -> str:
         ])  # fmt: skip
     seeds = cfg.get("seeds", [])
     title = (
-        f"the answer: {metric} ({_goal(goal)}), {len(seeds)} seed(s), {cfg.get('clock', 'wall')} clock; each method "
-        "against the full baseline, the envelope (the baseline trained for fewer steps or on smaller batches, at the "
-        "method's own time) and its uniform twin (--controls); diffs are mean ± std over seeds"
+        f"the answer: {metric} ({_goal(goal)}), {len(seeds)} seed(s), {clock} clock; each method against the full "
+        f"baseline, the envelope (the baseline trained for fewer steps or on smaller batches, at the method's own "
+        f"{'work' if clock == 'work' else 'time'}) and its uniform twin (--controls); diffs are mean ± std over seeds"
     )
     if len(lines) == 1:
         return f"{title}\n(no method but the baseline)"
     return "\n".join([title, "", *_markdown(lines, left=(0, 3, 4, 5))])
 
 
-def format_summary(rows: Sequence[dict[str, Any]], metric: str, goal: str, tolerance: float) -> str:
-    """Every arm's metric, time and work (columns: the module docstring)."""
-    head = [
-        "method", f"{metric} ({goal})", "time s", "vs base", "fwd", "bwd", "ideal x", "actual x", "achieved", "cpu x", "t->target s",
-    ]  # fmt: skip
-    lines = [head]
+def format_summary(
+    rows: Sequence[dict[str, Any]], metric: str, goal: str, tolerance: float, clock: str = "work"
+) -> str:
+    """Every arm's metric, cost on ``clock`` and work (columns: the module docstring)."""
+    head, _, spec = clock_axis(clock)
+    lines = [["method", f"{metric} ({goal})", head, "vs base", "fwd", "bwd", "ideal x", "t->target"]]
     for r in rows:
-        ratio, reach = r["time_ratio_vs_baseline"], r["time_to_target_s"]
+        ratio, reach = r["cost_ratio_vs_baseline"], r["to_target"]
         reach_s = (
             f"- ({r['reached_target']}/{len(r['seeds'])})"
             if reach is None and r["reached_target"] is not None
-            else _fmt(reach, ".1f")
+            else _fmt(reach, spec)
         )
         lines.append([
             r["method"], _value(r["metric_mean"], r["metric_std"]),
-            _fmt(r["time_s_mean"], ".1f"), "-" if ratio is None else f"{(ratio - 1) * 100:+.1f}%",
-            _fmt(r["forward_fraction"], ".2f"), _fmt(r["backward_fraction"], ".2f"), _fmt(r["ideal_speedup"], ".2f"),
-            _fmt(r["actual_speedup"], ".2f"), _fmt(r["achieved_of_ideal"], ".2f"), _fmt(r["cpu_speedup"], ".2f"), reach_s,
+            _fmt(r["cost_mean"], spec), "-" if ratio is None else f"{(ratio - 1) * 100:+.1f}%",
+            _fmt(r["forward_fraction"], ".2f"), _fmt(r["backward_fraction"], ".2f"), _fmt(r["ideal_speedup"], ".2f"), reach_s,
         ])  # fmt: skip
     seeds = rows[0]["seeds"] if rows else []
     way = "-" if goal == "max" else "+"
-    note = f"\nmean ± std over seeds {seeds}; t->target: training time to reach the baseline's {metric} {way} {tolerance:g}"
+    note = (
+        f"\nmean ± std over seeds {seeds}, on the {clock} clock; t->target: {head.removesuffix(' s')} until the "
+        f"baseline's {metric} {way} {tolerance:g} was first reached"
+    )
     return "\n".join([*_markdown(lines), note])
 
 
+def format_realisation(payload: dict[str, Any]) -> str:
+    """This machine's wall clock: how much of each arm's ideal saving became time (``actual x``,
+    ``achieved``, mean ± std over seeds), and one line when the baseline's own timing spread is
+    larger than an arm's time saved."""
+    lines = [["method", "time s", "time saved", "actual x", "achieved", "cpu x"]]
+    for r in payload["summary"]:
+        ratio = r["time_ratio_vs_baseline"]
+        lines.append([
+            r["method"], _value(r["time_s_mean"], r["time_s_std"]),
+            _fmt(None if ratio is None else (1 - ratio) * 100, ".1f", "%"),
+            _pm(r["actual_speedup"], r["actual_speedup_std"]), _pm(r["achieved_of_ideal"], r["achieved_std"]),
+            _fmt(r["cpu_speedup"], ".2f"),
+        ])  # fmt: skip
+    note = "\non this machine (wall-clock, training only): actual x = the full baseline's time / the arm's, paired by seed; achieved = actual / ideal"
+    timing = payload.get("timing") or {}
+    if timing.get("within_noise"):
+        note += (
+            f"\ntiming noise: the full baseline's own runs spread ±{timing['baseline_spread'] * 100:.1f}% in time, more than "
+            f"the time saved by {', '.join(timing['within_noise'])}: on this machine that saving is within timing noise"
+        )
+    return "\n".join([*_markdown(lines), note])
+
+
+def _pm(mean: float | None, std: float | None) -> str:
+    return _fmt(mean, ".2f") + ("" if mean is None or std is None else f" ± {std:.2f}")
+
+
 def format_envelope(section: dict[str, Any], metric: str) -> str:
-    """The envelope's points, then every arm against the envelope (paired by seed, at its own time).
+    """The envelope's points, then every arm against the envelope (paired by seed, at its own cost).
 
     Example:
         >>> format_envelope({"families": {}, "rows": []}, "accuracy")
@@ -180,7 +215,7 @@ def format_envelope(section: dict[str, Any], metric: str) -> str:
     families = section["families"]
     if sum(len(points) for points in families.values()) < 2:
         return "envelope: no baseline budget runs, no envelope (add --budgets or --batch-budgets)"
-    time_head = "time s" if section.get("clock", "wall") == "wall" else "cpu s"
+    time_head, _, spec = clock_axis(section.get("clock", "work"))
     head = [
         "method",
         "family / reached by",
@@ -196,19 +231,19 @@ def format_envelope(section: dict[str, Any], metric: str) -> str:
         for p in points:
             lines.append([
                 p["method"], f"{family} {p['share']:g}", _value(p["metric_mean"], p["metric_std"]),
-                _fmt(p["time_s_mean"], ".1f"), "", "", "", "envelope",
+                _fmt(p["cost_mean"], spec), "", "", "", "envelope",
             ])  # fmt: skip
     for r in section["rows"]:
         metrics = [s["metric"] for s in r["per_seed"]]
         by = [s.get("family") for s in r["per_seed"] if s.get("family")]
         reached = ", ".join(f"{f} {by.count(f)}/{len(metrics)}" for f in dict.fromkeys(by))
         lines.append([
-            r["method"], reached, _value(r["metric_mean"], std_of(metrics)), _fmt(r["time_s_mean"], ".1f"),
+            r["method"], reached, _value(r["metric_mean"], std_of(metrics)), _fmt(r["cost_mean"], spec),
             _fmt(r["reference_mean"], ".4g"), _spread(r), _ci(r), _verdict(r),
         ])  # fmt: skip
     note = (
-        f"\nenvelope ({section.get('clock', 'wall')} clock; {metric}, {_goal(section.get('goal', 'max'))}): each arm "
-        "against the best plain use of its time, per seed the best of the baseline trained for fewer steps (steps) "
+        f"\nenvelope ({section.get('clock', 'work')} clock; {metric}, {_goal(section.get('goal', 'max'))}): each arm "
+        "against the best plain use of its cost, per seed the best of the baseline trained for fewer steps (steps) "
         "and on smaller batches for all its steps (batch), never extrapolated; vs envelope = mean ± std of the "
         "per-seed differences; better/worse only when the 95% CI of the gain excludes 0 and |mean| > std"
     )
@@ -219,13 +254,14 @@ def format_controls(section: dict[str, Any], metric: str) -> str:
     """Each method against its uniform twin, paired by seed."""
     if not section["rows"]:
         return "controls: none (add --controls)"
+    cost, _, spec = clock_axis(section.get("clock", "work"))
     head = [
         "method",
         "twin",
         metric,
         f"twin {metric}",
-        "time s",
-        "twin time s",
+        cost,
+        f"twin {cost}",
         "vs twin",
         "95% CI",
         "verdict",
@@ -234,25 +270,26 @@ def format_controls(section: dict[str, Any], metric: str) -> str:
     for r in section["rows"]:
         lines.append([
             r["method"], r["control"], _fmt(r["metric_mean"], ".4g"), _fmt(r["control_metric_mean"], ".4g"),
-            _fmt(r["time_s_mean"], ".1f"), _fmt(r["control_time_s_mean"], ".1f"), _spread(r), _ci(r), _verdict(r),
+            _fmt(r["cost_mean"], spec), _fmt(r["control_cost_mean"], spec), _spread(r), _ci(r), _verdict(r),
         ])  # fmt: skip
     note = (
         f"\ncontrols ({metric}, {_goal(section.get('goal', 'max'))}): each method against its uniform twin (the same "
-        "budget chosen at random), paired by seed, each at its own time; vs twin = mean ± std of the per-seed "
+        "budget chosen at random), paired by seed, each at its own cost; vs twin = mean ± std of the per-seed "
         "differences; better/worse only when the 95% CI of the gain excludes 0 and |mean| > std"
     )
     return "\n".join([*_markdown(lines, left=(0, 1, len(head) - 1)), note])
 
 
 def format_results(payload: dict[str, Any]) -> str:
-    """The whole terminal report: the answer, the summary, the envelope (on ``config.clock``), the controls."""
+    """The whole terminal report: the answer, the realisation on this machine, the summary, the envelope
+    and the controls (on ``config.clock``)."""
     cfg = payload["config"]
     metric, goal = cfg.get("metric", "metric"), cfg.get("goal", "max")
-    section = payload["envelope_cpu" if cfg.get("clock") == "cpu" else "envelope"]
     parts = [
         format_answer(payload),
-        format_summary(payload["summary"], metric, goal, payload["tolerance"]),
-        format_envelope(section, metric),
+        format_realisation(payload),
+        format_summary(payload["summary"], metric, goal, payload["tolerance"], cfg.get("clock", "work")),
+        format_envelope(payload["envelope"], metric),
     ]
     if payload["controls"]["rows"]:
         parts.append(format_controls(payload["controls"], metric))

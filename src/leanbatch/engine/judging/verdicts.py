@@ -36,10 +36,12 @@ __all__ = [
     "Interval",
     "SeedComparison",
     "better",
+    "default_goal",
     "interpolate",
     "interval",
     "judge",
     "mean_of",
+    "spread_of",
     "std_of",
     "t_quantile",
 ]
@@ -47,28 +49,30 @@ __all__ = [
 CONFIDENCE = 0.95
 GOALS = ("max", "min")
 
-# Student's t, 97.5% quantile (two-sided 95%), for 1..30 degrees of freedom.
-_T975 = (
-    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
-    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
-    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
-)  # fmt: skip
-
 
 def t_quantile(df: int) -> float:
-    """The 97.5% quantile of Student's t with ``df`` degrees of freedom (a two-sided 95% interval):
-    tabulated up to 30, then the Cornish-Fisher expansion around the normal quantile (error < 1e-4).
+    """The 97.5% quantile of Student's t with ``df`` degrees of freedom (a two-sided 95% interval), by scipy.
 
     Example:
-        >>> t_quantile(2), round(t_quantile(1000), 3)
+        >>> round(t_quantile(2), 3), round(t_quantile(1000), 3)
         (4.303, 1.962)
     """
     if df < 1:
         raise ValueError(f"degrees of freedom must be >= 1, got {df}")
-    if df <= len(_T975):
-        return _T975[df - 1]
-    z = 1.959964
-    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+    from scipy.stats import t
+
+    return float(t.ppf(0.5 + CONFIDENCE / 2, df))
+
+
+def default_goal(metric: str) -> str:
+    """The goal of a metric when none is given: ``min`` for a loss, a perplexity or an error, else ``max``.
+
+    Example:
+        >>> default_goal("accuracy"), default_goal("eval_loss"), default_goal("perplexity")
+        ('max', 'min', 'min')
+    """
+    name = metric.lower()
+    return "min" if any(w in name for w in ("loss", "perplexity", "ppl", "error", "mse", "mae")) else "max"
 
 
 def better(a: float, b: float, goal: str) -> bool:
@@ -82,18 +86,18 @@ def better(a: float, b: float, goal: str) -> bool:
 
 
 def interpolate(points: Sequence[tuple[float, float]], t: float) -> float | None:
-    """The value of the piecewise-linear curve through ``(time, metric)`` points at time ``t``.
+    """The value of the piecewise-linear curve through ``(cost, metric)`` points at cost ``t`` (work or time).
 
-    Points are taken in order of time (runs at equal times are averaged); ``None`` when ``t`` is
-    outside the measured times or there are fewer than two distinct times: never extrapolated.
+    Points are taken in order of cost (runs at equal costs are averaged); ``None`` when ``t`` is
+    outside the measured costs or there are fewer than two distinct costs: never extrapolated.
 
     Example:
         >>> interpolate([(20.0, 94.0), (10.0, 90.0)], 12.5), interpolate([(10.0, 90.0), (20.0, 94.0)], 21.0)
         (91.0, None)
     """
     merged: dict[float, list[float]] = {}
-    for time, value in points:
-        merged.setdefault(float(time), []).append(float(value))
+    for cost, value in points:
+        merged.setdefault(float(cost), []).append(float(value))
     xs = sorted(merged)
     if len(xs) < 2 or not xs[0] <= t <= xs[-1]:
         return None
@@ -148,7 +152,7 @@ def interval(diffs: Sequence[float], goal: str = "max") -> Interval:
 
 @dataclass
 class SeedComparison:
-    """One seed of an arm against a reference curve (the envelope) at the arm's own time.
+    """One seed of an arm against a reference curve (the envelope) at the arm's own cost (on the study's clock).
 
     ``range`` is ``inside``, ``faster`` (quicker than every reference run of the seed), ``slower``
     (slower than every one), ``gap`` (between two families, neither defined there) or ``none``
@@ -156,7 +160,7 @@ class SeedComparison:
     """
 
     seed: int
-    time_s: float
+    cost: float | None
     metric: float
     reference: float | None
     diff: float | None
@@ -166,7 +170,7 @@ class SeedComparison:
 
 @dataclass
 class Comparison:
-    """An arm at equal time: its paired differences to the reference and the verdict: ``better``,
+    """An arm at equal cost: its paired differences to the reference and the verdict: ``better``,
     ``on``, ``worse``, ``out of range`` (some seed outside the reference's times), ``undecided`` (one
     seed) or ``no envelope`` (fewer than two reference runs at some seed). The aggregate fields are
     None unless every seed is inside.
@@ -174,7 +178,7 @@ class Comparison:
 
     seeds: list[int]
     metric_mean: float
-    time_s_mean: float
+    cost_mean: float | None
     reference_mean: float | None = None
     diff_mean: float | None = None
     diff_std: float | None = None
@@ -203,7 +207,7 @@ def judge(per_seed: Sequence[SeedComparison], goal: str = "max") -> Comparison:
     result = Comparison(
         seeds=[p.seed for p in per_seed],
         metric_mean=mean_of([p.metric for p in per_seed]),
-        time_s_mean=mean_of([p.time_s for p in per_seed]),
+        cost_mean=None if any(p.cost is None for p in per_seed) else mean_of([p.cost for p in per_seed]),  # type: ignore[misc]
         faster=sum(p.range == "faster" for p in per_seed),
         slower=sum(p.range == "slower" for p in per_seed),
         per_seed=per_seed,
@@ -238,3 +242,15 @@ def std_of(xs: Sequence[float]) -> float:
         (1.4142135623730951, 0.0)
     """
     return float(statistics.stdev(xs)) if len(xs) > 1 else 0.0
+
+
+def spread_of(xs: Sequence[float | None]) -> tuple[float | None, float | None]:
+    """The mean and the standard deviation of ``xs`` over seeds; ``(None, None)`` when any is missing.
+
+    Example:
+        >>> spread_of([1.0, 3.0])[0], spread_of([1.0, None])
+        (2.0, (None, None))
+    """
+    if not xs or any(x is None for x in xs):
+        return None, None
+    return mean_of(xs), std_of(xs)  # type: ignore[arg-type]

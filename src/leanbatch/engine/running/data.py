@@ -14,11 +14,14 @@ steps of a full epoch, a step budget ``b`` trains ``T = round(b x num_epochs x S
 batch budget ``c`` trains the full run's ``num_epochs x S`` steps on batches of ``round(c x B)``
 rows; the last epoch stops where the steps run out, later epochs serve nothing, and ``progress``
 (what :class:`~leanbatch.ProgressLR` reads) is ``steps / T``, so the schedule ends at the arm's
-own end.
+own end. ``S`` counts the steps the task's loader really makes: a loader that drops its last
+partial batch (``drop_last=True``) shows it at the end of the arm's first whole epoch, and from
+there ``S`` leaves that batch out.
 
-:class:`ArmRun` is what the contract's checks (:mod:`~leanbatch.engine.contract`) and the framework
-wiring (:mod:`~leanbatch.engine.frameworks`) read and set of a :class:`~leanbatch.engine.run.Run`:
-they are given the run and type it by this protocol, so they never import the module that calls them.
+What the task trains is checked as it trains, and a breach every arm shares stops the whole study
+(:class:`StudyError`): a step larger than ``run.batch_size(B)`` gave, samples trained that the
+arm's sampler never served, an epoch whose steps are not what its samples make in batches of
+``run.batch_size(B)`` (a budget the loop cannot train).
 
 >>> b = Budget(steps=0.5)
 >>> b.total_steps(100, 4, 32), b.epochs(100, 4, 32), [b.served(e, 100, 4, 32) for e in range(4)]
@@ -27,11 +30,11 @@ they are given the run and type it by this protocol, so they never import the mo
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -39,11 +42,16 @@ from torch.utils.data import Dataset, Sampler
 
 from leanbatch import InfoBatch
 
-if TYPE_CHECKING:  # types of ArmRun's attributes only
-    from leanbatch.arms.methods import Arm
-    from leanbatch.selection.selector import Selector
-
-__all__ = ["ArmRun", "Budget", "ContractError", "CountedInfoBatch", "KeepAll"]
+__all__ = [
+    "Budget",
+    "ContractError",
+    "Counts",
+    "CountedInfoBatch",
+    "HookMissing",
+    "KeepAll",
+    "StudyError",
+    "world_size",
+]
 
 
 class ContractError(ValueError):
@@ -51,32 +59,22 @@ class ContractError(ValueError):
     names the arm and the seed before it."""
 
 
-class ArmRun(Protocol):
-    """What :mod:`~leanbatch.engine.contract` and :mod:`~leanbatch.engine.frameworks` use of a
-    :class:`~leanbatch.engine.run.Run` (which calls them): a protocol, so the dependency points one way."""
+class StudyError(ContractError):
+    """A breach of the contract that every arm of the study shares (no metric, batches larger than
+    ``run.batch_size``, a budget the loop cannot train, a missing hook): the study stops at its
+    first sign, and nothing is judged."""
 
-    arm: Arm
-    seed: int
-    label: str
-    kind: str
-    data: Any  # the arm's data (run.wrap) or a framework's (run.callback, run.trainer)
-    _batch: int | None
-    _selector: Selector | None
-    _sizes: tuple[int, int] | None
 
-    @property
-    def clock(self) -> Any: ...
+class HookMissing(ContractError):
+    """A batch-level arm the user did not ask for (a default method) trained a step without the
+    selection hook (``run.select``): the arm is left out of the study."""
 
-    @property
-    def total_steps(self) -> int | None: ...
 
-    def untimed(self) -> AbstractContextManager[None]: ...
+def world_size() -> int:
+    """The processes of torch.distributed's default group (1 outside a distributed run)."""
+    import torch.distributed as dist
 
-    def log(self, epoch: int | None = None, **values: Any) -> None: ...
-
-    def _check_data(self, dataset: Any, num_epochs: Any) -> tuple[int, int]: ...
-
-    def _served(self) -> int: ...
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def _round(x: float) -> int:
@@ -88,16 +86,20 @@ class Budget:
     """A baseline's budget: ``steps`` of the full run's steps, or its steps on ``batch`` of the batch size.
 
     ``min_batch``: a last batch of an epoch with fewer rows is not trained (2 for a model that
-    normalises by batch statistics), so it does not count as a step.
+    normalises by batch statistics), so it does not count as a step; ``drop_last``: the loader
+    leaves out every partial last batch.
 
     Example:
         >>> Budget(batch=0.5).rows(32), Budget(batch=0.5).total_steps(100, 4, 32), Budget().total_steps(100, 4, 32)
         (16, 16, None)
+        >>> Budget(steps=0.5).total_steps(100, 4, 32), Budget(steps=0.5, drop_last=True).total_steps(100, 4, 32)
+        (8, 6)
     """
 
     steps: float = 1.0
     batch: float = 1.0
     min_batch: int = 1
+    drop_last: bool = False
 
     @property
     def limited(self) -> bool:
@@ -116,6 +118,8 @@ class Budget:
             (25, 26)
         """
         rest = samples % rows
+        if self.drop_last:
+            return samples // rows
         return math.ceil(samples / rows) - int(samples > 1 and 0 < rest < self.min_batch)
 
     def total_steps(self, samples: int, num_epochs: int, batch_size: int) -> int | None:
@@ -143,15 +147,15 @@ class Budget:
         return 0 if left <= 0 else samples if left >= per_epoch else min(samples, left * rows)
 
 
-class _Counts:
-    """Steps and rows a wrapper's ``update()`` trained, and its largest step."""
+class Counts:
+    """Steps and rows a wrapper's ``update()`` trained."""
 
     def __init__(self) -> None:
-        self.steps = self.rows = self.largest = 0
+        self.steps = self.rows = 0
 
     def add(self, loss: Any, indices: Any) -> None:
         n = int(len(loss) if indices is None else len(indices))
-        self.steps, self.rows, self.largest = self.steps + 1, self.rows + n, max(self.largest, n)
+        self.steps, self.rows = self.steps + 1, self.rows + n
 
 
 def _indices_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -159,7 +163,8 @@ def _indices_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
 
 
 class CountedInfoBatch(InfoBatch):
-    """:class:`~leanbatch.InfoBatch`, counting the steps and rows its ``update()`` trains (``counts``).
+    """:class:`~leanbatch.InfoBatch`, counting the steps and rows its ``update()`` trains (``counts``);
+    ``on_step(rows)`` hears of every step before it trains (the run's checks).
 
     Example:
         >>> ds = CountedInfoBatch(range(8), num_epochs=1, seed=0)
@@ -168,13 +173,15 @@ class CountedInfoBatch(InfoBatch):
         (1, 8)
     """
 
-    def __init__(self, *args: Any, **kwargs: Any):
+    def __init__(self, *args: Any, on_step: Callable[[int], None] = lambda rows: None, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.counts = _Counts()
+        self.counts, self._on_step = Counts(), on_step
 
     def update(self, loss: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        indices = _indices_of(args, kwargs)
+        self._on_step(int(len(loss) if indices is None else len(indices)))
         out = super().update(loss, *args, **kwargs)
-        self.counts.add(loss, _indices_of(args, kwargs))
+        self.counts.add(loss, indices)
         return out
 
 
@@ -185,16 +192,10 @@ class _Serving(Sampler[int]):
         self.data = data
 
     def __iter__(self) -> Iterator[int]:
-        d = self.data
-        epoch = d._next
-        d._next, d._current, d._trained_in_epoch = epoch + 1, epoch, 0
-        order = d._order(epoch)
-        n = d._served(epoch)
-        d.served[epoch] = n
-        return iter(order[:n].tolist())
+        return self.data.serve()
 
     def __len__(self) -> int:
-        return self.data._served(self.data.epoch)  # the epoch being served, or the next one
+        return self.data.to_serve(self.data.epoch)  # the epoch being served, or the next one
 
     def set_epoch(self, epoch: int) -> None:
         self.data.set_epoch(epoch)
@@ -208,10 +209,10 @@ class KeepAll(Dataset):
 
     Example:
         >>> ds = KeepAll(list(range(10)), 2, seed=0, budget=Budget(steps=0.5), batch_size=lambda: 5)
-        >>> [len(list(ds.sampler)) for _ in range(2)], ds.num_epochs
-        ([10, 0], 1)
-        >>> float(ds.update(torch.tensor([1.0, 3.0]))), ds.progress
-        (2.0, 0.5)
+        >>> len(list(ds.sampler)), [float(ds.update(torch.tensor([1.0, 3.0, 2.0, 2.0, 2.0]))) for _ in range(2)]
+        (10, [2.0, 2.0])
+        >>> ds.progress, ds.num_epochs, len(list(ds.sampler))
+        (1.0, 1, 0)
     """
 
     def __init__(
@@ -222,15 +223,17 @@ class KeepAll(Dataset):
         seed: int = 0,
         budget: Budget = Budget(),
         batch_size: Callable[[], int | None] = lambda: None,
-        label: str = "this arm",
+        on_step: Callable[[int], None] = lambda rows: None,
     ):
-        self.dataset, self.seed, self.budget, self.label = dataset, seed, budget, label
-        self._num_epochs, self._batch_size = int(num_epochs), batch_size
+        self.dataset, self.seed, self.budget = dataset, seed, budget
+        self._num_epochs, self._batch_size, self._on_step = int(num_epochs), batch_size, on_step
         self._samples = len(dataset)
         self.sampler = _Serving(self)
-        self.counts = _Counts()
+        self.counts = Counts()
         self.served: dict[int, int] = {}  # samples served per epoch (this rank's)
+        self.exhausted = False  # the loader fetched the whole of the current epoch
         self._next, self._current, self._trained_in_epoch = 0, -1, 0
+        self._epoch_steps, self._served_total, self._checked = 0, 0, -1
         self._drawn: tuple[int, torch.Generator, Tensor] | None = None
 
     # ------------------------------------------------------------------ the dataset
@@ -253,9 +256,7 @@ class KeepAll(Dataset):
     def _world(self) -> tuple[int, int]:
         import torch.distributed as dist
 
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank(), dist.get_world_size()
-        return 0, 1
+        return (dist.get_rank(), world_size()) if world_size() > 1 else (0, 1)
 
     def _share(self) -> int:
         return math.ceil(self._samples / self._world()[1])
@@ -263,13 +264,14 @@ class KeepAll(Dataset):
     def _rows(self) -> int:
         size = self._batch_size()
         if size is None:
-            raise ContractError(
+            raise StudyError(
                 "its budget needs the loader's batch size, and the task never asked run.batch_size(B): build "
                 "the DataLoader with batch_size=run.batch_size(B)"
             )
         return size
 
-    def _served(self, epoch: int) -> int:
+    def to_serve(self, epoch: int) -> int:
+        """Samples this arm serves in ``epoch`` (this process's share)."""
         if not self.budget.limited:
             return self._share() if epoch < self._num_epochs else 0
         return self.budget.served(epoch, self._share(), self._num_epochs, self._rows())
@@ -289,6 +291,20 @@ class KeepAll(Dataset):
         padded = torch.cat([perm, perm[: self._share() * world - perm.numel()]])
         return padded[rank::world]
 
+    def serve(self) -> Iterator[int]:
+        """The next epoch's indices (this rank's share, cut at the budget): what ``iter(ds.sampler)`` gives."""
+        self.end_epoch()  # the epoch before, if it was not checked at its run.log
+        epoch = self._next
+        self._next, self._current, self._trained_in_epoch, self._epoch_steps = epoch + 1, epoch, 0, 0
+        n = self.to_serve(epoch)
+        order = self._order(epoch)[:n].tolist()
+        self.served[epoch], self._served_total, self.exhausted = n, self._served_total + n, False
+        return self._yield(order)
+
+    def _yield(self, order: list[int]) -> Iterator[int]:
+        yield from order
+        self.exhausted = True  # the loader fetched the whole epoch
+
     def set_epoch(self, epoch: int) -> None:
         """Serve ``epoch`` (0-based) next."""
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
@@ -306,9 +322,40 @@ class KeepAll(Dataset):
                 "update() takes the per-sample loss: a 1-D float tensor, e.g. "
                 "F.cross_entropy(out, y, reduction='none')"
             )
+        rows = int(loss.shape[0] if indices is None else len(indices))
+        self._on_step(rows)
+        if self.counts.rows + rows > self._served_total:
+            raise StudyError(
+                f"trained {self.counts.rows + rows} samples but its data served {self._served_total}: pass "
+                "sampler=ds.sampler to the DataLoader (not shuffle=True)"
+            )
         self.counts.add(loss, indices)
-        self._trained_in_epoch += int(loss.shape[0] if indices is None else len(indices))
+        self._trained_in_epoch += rows
+        self._epoch_steps += 1
         return loss.mean()
+
+    def end_epoch(self) -> None:
+        """Check the epoch being trained, once, when it has ended (its sampler exhausted, or the next
+        begun): its steps are what its served samples make in batches of the arm's rows, or one fewer
+        when the loader drops a partial last batch (learned here, once); :class:`StudyError`
+        otherwise, for a budget arm."""
+        e = self._current
+        if e < 0 or self._checked == e or self._batch_size() is None:
+            return
+        self._checked = e
+        n, rows, steps = self.served[e], self.budget.rows(self._rows()), self._epoch_steps
+        if steps == self.budget.steps_per_epoch(n, rows):
+            return
+        if not self.budget.drop_last and n % rows and steps == n // rows:
+            self.budget = dataclasses.replace(self.budget, drop_last=True)  # the loader's own count
+            return
+        if not self.budget.limited:
+            return  # no budget rests on its steps
+        raise StudyError(
+            f"epoch {e} trained {steps} steps where its {n} samples make {self.budget.steps_per_epoch(n, rows)} "
+            f"batches of {rows} (run.batch_size): its budget cannot be trained; build the DataLoader with "
+            "batch_size=run.batch_size(B), sampler=ds.sampler, one update() per batch"
+        )
 
     def weights(self, indices: Tensor) -> Tensor:
         """Every sample's loss weight: 1."""
@@ -347,5 +394,7 @@ class KeepAll(Dataset):
         if self._current < 0:
             return 0.0
         served = self.served.get(self._current, 0)
+        if self.budget.drop_last:  # the loader never trains a partial last batch
+            served -= served % self.budget.rows(self._rows())
         part = min(1.0, self._trained_in_epoch / served) if served else 1.0
         return min(1.0, (self._current + part) / self._num_epochs)

@@ -33,9 +33,10 @@ class Pick:
 
     Example:
         >>> import torch
-        >>> from leanbatch.engine.data import KeepAll
-        >>> pick = Pick(torch.zeros(4, 2), None, None)
-        >>> float(pick.update(KeepAll(list(range(4)), 1), torch.tensor([1.0, 2.0, 3.0, 6.0])))
+        >>> from leanbatch.engine.running.data import KeepAll
+        >>> ds, pick = KeepAll(list(range(4)), 1), Pick(torch.zeros(4, 2), None, None)
+        >>> served = list(ds.sampler)
+        >>> float(pick.update(ds, torch.tensor([1.0, 2.0, 3.0, 6.0])))
         3.0
     """
 

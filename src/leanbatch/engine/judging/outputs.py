@@ -10,7 +10,7 @@
   (:func:`report_folder`), and replaces only what an earlier ``leanbatch report`` wrote there,
   recognised by the ``recomputed_from`` key of its results.json (:func:`check_report_folder`).
 
-Every file is written atomically (:mod:`leanbatch.engine.files`).
+Every file is written atomically (:mod:`leanbatch.engine.judging.files`).
 
 Example:
     >>> import tempfile
@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from leanbatch.engine.files import atomic_write_text, check_target
+from leanbatch.engine.judging.files import atomic_write_text, check_target
 
 __all__ = [
     "RESULTS",

@@ -1,142 +1,26 @@
-"""From finished runs to results.json: the summary, the sections, reading a file back, merging parts.
+"""A results.json read back (:func:`check_payload`), judged again (:func:`rebuild`), parts of one study
+merged (:func:`merge_results`): what ``leanbatch report`` does, with no training.
 
-results.json (schema ``leanbatch.bench/3``, every key in ``docs/results-json.md``) is one object:
-``schema``, ``command``, ``interrupted``, ``failed`` (arms whose task raised or broke the contract),
-``config`` (the task, the metric and its goal, the seeds, one entry per arm, the budgets, the
-task's own settings), ``versions``, ``data`` (what the task trained on, as the task says),
-``tolerance``, ``summary`` (one row per arm), ``envelope`` / ``envelope_cpu`` (every arm against the
-envelope: :mod:`~leanbatch.engine.envelope`), ``controls`` (against the uniform twins:
-:mod:`~leanbatch.engine.controls`) and ``runs`` (every run, per epoch).
+A stored study is judged again from its runs, on any clock (``leanbatch report --clock work``): every
+run holds its counts, so its work needs no new measurement. Schema ``leanbatch.bench/3`` (before
+the work clock) reads as well; what is written is schema 4.
 """
 
 from __future__ import annotations
 
 import math
-import platform
 from collections.abc import Sequence
 from typing import Any
 
-from leanbatch.engine.controls import controls
-from leanbatch.engine.envelope import envelope
-from leanbatch.engine.records import RunRecord
-from leanbatch.engine.verdicts import GOALS, better, mean_of, std_of
+from leanbatch.engine.judging.records import CLOCKS, RunRecord
+from leanbatch.engine.judging.results import SCHEMA, build_results
+from leanbatch.engine.judging.verdicts import GOALS
 
-__all__ = ["SCHEMA", "build_results", "check_payload", "merge_results", "rebuild", "summarize", "versions"]
+__all__ = ["READS", "check_payload", "merge_results", "rebuild"]
 
-SCHEMA = "leanbatch.bench/3"
-
-
-def _time_to(run: RunRecord, target: float, goal: str) -> float | None:
-    for e in run.epochs:
-        if e.metric is not None and (e.metric == target or better(e.metric, target, goal)):
-            return e.train_time_s
-    return None
+READS = (SCHEMA, "leanbatch.bench/3")  # the schemas a results.json is read in
 
 
-def summarize(
-    runs: Sequence[RunRecord], tolerance: float, goal: str, order: Sequence[str] = ()
-) -> list[dict[str, Any]]:
-    """One row per arm (``order`` first, then first-seen) with the summary table's figures; ratios are
-    against the arm labelled ``baseline`` and None without one.
-
-    Example:
-        >>> runs = [RunRecord("baseline", "baseline", 0, 90.0, [], train_time_s=2.0), RunRecord("sb", "sb", 0, 91.0, [], train_time_s=1.0)]
-        >>> [(r["method"], r["metric_delta_vs_baseline"], r["time_ratio_vs_baseline"]) for r in summarize(runs, 0.2, "max")]
-        [('baseline', 0.0, 1.0), ('sb', 1.0, 0.5)]
-    """
-    labels = [
-        lab
-        for lab in dict.fromkeys([*order, *(r.method for r in runs)])
-        if any(r.method == lab for r in runs)
-    ]
-    groups = {lab: [r for r in runs if r.method == lab] for lab in labels}
-    base = groups.get("baseline", [])
-    base_time = mean_of([r.train_time_s for r in base]) if base else None
-    base_cpu = mean_of([r.train_cpu_time_s for r in base]) if base else None
-    base_metric = mean_of([r.metric for r in base]) if base else None
-    target = (
-        None if base_metric is None else base_metric - tolerance if goal == "max" else base_metric + tolerance
-    )
-    rows = []
-    for lab, rs in groups.items():
-        metrics, times = [r.metric for r in rs], [r.train_time_s for r in rs]
-        tot = [r.totals() for r in rs]
-        frac = {k: None if any(t[k] is None for t in tot) else mean_of([t[k] for t in tot]) for k in tot[0]}  # type: ignore[misc]
-        ratio = mean_of(times) / base_time if base_time else None
-        actual = 1.0 / ratio if ratio else None
-        ideal = 1.0 / frac["work_fraction"] if frac["work_fraction"] else None
-        reach = [_time_to(r, target, goal) for r in rs] if target is not None else []
-        cpu = mean_of([r.train_cpu_time_s for r in rs])
-        rows.append({
-            "method": lab, "kind": rs[0].kind, "budget": rs[0].budget, "batch": rs[0].batch,
-            "seeds": [r.seed for r in rs], "metric_mean": mean_of(metrics), "metric_std": std_of(metrics),
-            "metric_delta_vs_baseline": None if base_metric is None else mean_of(metrics) - base_metric,
-            "time_s_mean": mean_of(times), "time_s_std": std_of(times), "time_ratio_vs_baseline": ratio,
-            "cpu_time_s_mean": cpu, "cpu_speedup": base_cpu / cpu if base_cpu and cpu else None, **frac,
-            "ideal_speedup": ideal, "actual_speedup": actual,
-            "achieved_of_ideal": None if actual is None or ideal is None else actual / ideal,
-            "target": target,
-            "time_to_target_s": mean_of([t for t in reach if t is not None]) if reach and None not in reach else None,
-            "reached_target": None if target is None else sum(t is not None for t in reach),
-        })  # fmt: skip
-    return rows
-
-
-def versions() -> dict[str, str]:
-    """Versions of Python, torch, leanbatch and the platform, for results.json."""
-    import torch
-
-    import leanbatch
-
-    v = {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "leanbatch": getattr(leanbatch, "__version__", "unknown"),
-        "platform": platform.platform(),
-        "processor": platform.processor() or platform.machine(),
-        "torch_threads": str(torch.get_num_threads()),
-    }
-    if torch.cuda.is_available():
-        v["cuda"], v["gpu"] = str(torch.version.cuda), torch.cuda.get_device_name(0)
-    return v
-
-
-def build_results(
-    runs: Sequence[RunRecord],
-    config: dict[str, Any],
-    data: dict[str, Any],
-    *,
-    tolerance: float = 0.2,
-    interrupted: bool = False,
-    command: str | list[str] | None = None,
-    failed: Sequence[dict[str, Any]] = (),
-) -> dict[str, Any]:
-    """The whole results.json payload (the module docstring lists its keys)."""
-    methods = config.get("methods", [])
-    order = [m["label"] for m in methods]
-    goal = config.get("goal", "max")
-    summary = summarize(runs, tolerance, goal, order)
-    twins = {m["label"]: m.get("control") for m in methods}
-    for row in summary:
-        row["control"] = twins.get(row["method"])
-    return {
-        "schema": SCHEMA,
-        "command": command,
-        "interrupted": interrupted,
-        "failed": list(failed),
-        "config": config,
-        "versions": versions(),
-        "data": data,
-        "tolerance": tolerance,
-        "summary": summary,
-        "envelope": envelope(runs, order, "wall", goal),
-        "envelope_cpu": envelope(runs, order, "cpu", goal),
-        "controls": controls(runs, methods, goal),
-        "runs": [r.as_dict() for r in runs],  # in the order they finished
-    }
-
-
-# ---------------------------------------------------------------------------- reading back
 def _fail(where: str, what: str) -> ValueError:
     return ValueError(f"{where}: {what}")
 
@@ -161,7 +45,7 @@ def check_payload(payload: Any, name: str) -> list[RunRecord]:
     """The runs of a results.json payload, after checking every key the report reads (``name``: the
     file, for the message); ``ValueError`` of one line naming the key otherwise."""
     _expect(payload, name, dict)
-    if payload.get("schema") != SCHEMA:
+    if payload.get("schema") not in READS:
         raise _fail(
             name, f"schema {payload.get('schema')!r}, not {SCHEMA!r}: rerun the bench with this leanbatch"
         )
@@ -174,6 +58,8 @@ def check_payload(payload: Any, name: str) -> list[RunRecord]:
         _expect(m, where, dict)
         _expect(m.get("label"), f"{where}.label", str)
         _expect(m.get("control"), f"{where}.control", str, none=True)
+    if cfg.get("clock", "work") not in CLOCKS:
+        raise _fail(f"{name}: config.clock", f"expected one of {', '.join(CLOCKS)}, got {cfg.get('clock')!r}")
     if cfg.get("goal") not in GOALS:
         raise _fail(f"{name}: config.goal", f"expected one of {', '.join(GOALS)}, got {cfg.get('goal')!r}")
     tol = _expect(payload.get("tolerance"), f"{name}: tolerance", float)
@@ -214,12 +100,21 @@ def _run(r: Any, where: str) -> RunRecord:
         raise _fail(where, f"not a run ({e})") from None
 
 
-def rebuild(payload: dict[str, Any], name: str = "results.json") -> dict[str, Any]:
-    """``payload`` with its summary and sections recomputed from its runs (checked first); everything
-    measured (runs, configuration, data, versions, command) is kept."""
+def rebuild(payload: dict[str, Any], name: str = "results.json", clock: str | None = None) -> dict[str, Any]:
+    """``payload`` with its summary and sections recomputed from its runs (checked first), on ``clock``
+    (None: the one its config names); everything measured (runs, configuration, data, versions,
+    command) is kept.
+
+    Example:
+        >>> run = RunRecord("baseline", "baseline", 0, 90.0, [], train_time_s=3.0)
+        >>> payload = build_results([run], {"methods": [], "goal": "max", "seeds": [0], "clock": "wall"}, {})
+        >>> rebuild(payload, clock="work")["config"]["clock"], payload["summary"][0]["cost_mean"]
+        ('work', 3.0)
+    """
     runs = check_payload(payload, name)
+    config = payload["config"] if clock is None else {**payload["config"], "clock": clock}
     new = build_results(
-        runs, payload["config"], payload["data"], tolerance=payload["tolerance"],
+        runs, config, payload["data"], tolerance=payload["tolerance"],
         interrupted=bool(payload.get("interrupted", False)), command=payload.get("command"),
         failed=payload.get("failed") or [],
     )  # fmt: skip
@@ -240,6 +135,11 @@ def _check_parts(payloads: Sequence[dict[str, Any]], sources: Sequence[str]) -> 
     seen: dict[tuple[str, int], str] = {}
     methods: dict[str, dict[str, Any]] = {}
     for payload, source in zip(payloads, sources, strict=True):
+        if (mine := payload["config"].get("task_id")) != (theirs := first["config"].get("task_id")):
+            raise ValueError(
+                f"{source} and {name} trained different tasks ({_task(mine)}; {_task(theirs)}): only parts of "
+                "one study merge"
+            )
         if payload["data"] != first["data"]:
             raise ValueError(f"{source} and {name} trained on different data: only parts of one study merge")
         a, b = (({k: v for k, v in p["config"].items() if k not in _PART_KEYS}) for p in (first, payload))
@@ -260,6 +160,15 @@ def _check_parts(payloads: Sequence[dict[str, Any]], sources: Sequence[str]) -> 
                 )
             seen[key] = source
     return methods
+
+
+def _task(identity: Any) -> str:
+    if not isinstance(identity, dict):
+        return "a task not recorded (an older leanbatch)"
+    sha = identity.get("sha256")
+    return (
+        f"{identity.get('module')}:{identity.get('function')}, file {'unknown' if sha is None else sha[:12]}"
+    )
 
 
 def merge_results(payloads: Sequence[dict[str, Any]], sources: Sequence[str]) -> dict[str, Any]:
