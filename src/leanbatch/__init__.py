@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # what a type checker sees; at run time, _HOME (a test keeps the two equal)
     from leanbatch.infobatch import InfoBatch
     from leanbatch.losses import per_sequence_loss
+    from leanbatch.packing import packed_sequence_ids
     from leanbatch.policies.budget import EpsilonGreedyPolicy, RS2Policy, UCBPolicy
     from leanbatch.policies.infobatch import InfoBatchPolicy, RandomPolicy
     from leanbatch.policies.loss_rank import LossRankPolicy
@@ -51,6 +52,7 @@ _HOME = {
     "ProgressLR": "leanbatch.schedule",
     "cosine": "leanbatch.schedule",
     "per_sequence_loss": "leanbatch.losses",
+    "packed_sequence_ids": "leanbatch.packing",
     "SelectiveBackprop": "leanbatch.selection.selective_backprop",
     "OnlineBatchSelection": "leanbatch.selection.online",
     "ProxyScorer": "leanbatch.selection.proxy",
