@@ -312,3 +312,25 @@ def test_the_expected_weighted_gradient_through_the_loader_is_the_full_streams()
     sem = weighted.std(0) / math.sqrt(passes)
     assert torch.all((weighted.mean(0) - full).abs() < 5 * sem)
     assert torch.any((plain.mean(0) - full).abs() > 8 * sem)  # unweighted: biased (13 sem), and seen
+
+
+def test_the_loaders_set_epoch_moves_the_pass_and_the_sources_epoch() -> None:
+    """What the Hugging Face Trainer and accelerate call on the dataset; a source's own set_epoch
+    (a Hugging Face stream's shuffle) follows the pass, after a resume too."""
+
+    class Source:
+        epochs: list[int] = []
+
+        def __iter__(self):
+            return ({"id": i} for i in range(4))
+
+        def set_epoch(self, epoch: int) -> None:
+            self.epochs.append(epoch)
+
+    sib = StreamInfoBatch(Source(), 3, key="id")
+    sib.dataset.set_epoch(0)  # the pass it is at: nothing to do
+    sib.dataset.set_epoch(1)
+    assert sib.pass_index == 1 and Source.epochs == [1]
+    back = StreamInfoBatch(Source(), 3, key="id")
+    back.load_state_dict(sib.state_dict())
+    assert back.pass_index == 1 and Source.epochs == [1, 1]

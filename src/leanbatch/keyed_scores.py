@@ -36,14 +36,14 @@ import torch
 from torch import Tensor
 
 from leanbatch.checks import check_int, check_per_sample_loss, require
-from leanbatch.permutation import mix_keys
 from leanbatch.scores import ScoreTable
 
 __all__ = ["MAX_KEY", "KeyedScoreTable", "check_keys"]
 
 MAX_KEY = (1 << 63) - 2  # keys are in [0, MAX_KEY]; -1 marks an empty slot
 _EMPTY = -1
-_SALT = 0x6B657973  # the hash of a key's home slot; independent of the pruning hash (other parts)
+_FIBONACCI = 0x9E3779B97F4A7C15 - (1 << 64)  # a key's home slot: Fibonacci hashing (the product's top bits)
+_WINDOW = 8  # slots a lookup reads per key at once (nearly every key lies within 8 of its home)
 _INTEGER = frozenset({torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8})
 
 
@@ -103,6 +103,7 @@ class KeyedScoreTable(ScoreTable):
         self._keys = torch.full((self.rows,), _EMPTY, dtype=torch.int64)
         self._stamps = torch.full((self.rows,), -1, dtype=torch.int32)
         self._longest = 0  # the longest probe of any stored key: lookups probe no further
+        self._window = torch.arange(_WINDOW)
         self.count = 0  # keys held
         self.evicted = 0  # keys forgotten to stay within the capacity
         self.clock = 0
@@ -118,21 +119,29 @@ class KeyedScoreTable(ScoreTable):
             >>> int(t.lookup(torch.tensor([4, 5]))[1])
             -1
         """
-        out = torch.full_like(keys, -1)
-        todo = torch.arange(keys.numel())
-        pos = self._home(keys)
-        for _ in range(self._longest + 1):  # every stored key lies within _longest of its home
-            if not todo.numel():
-                break
+        home = self._home(keys)
+        held = self._keys[home]  # most keys are at home: one read each
+        hit = held == keys
+        out = torch.where(hit, home, -1)
+        go = ~hit & (held != _EMPTY)  # an empty slot ends a key's probe: not held
+        if self._longest == 0 or not bool(go.any()):
+            return out
+        todo = torch.nonzero(go).squeeze(1)
+        want, home = keys[todo], home[todo]
+        for start in range(1, self._longest + 1, _WINDOW):  # no stored key lies past _longest
+            pos = (home.unsqueeze(1) + (self._window + start)) % self.rows
             held = self._keys[pos]
-            hit = held == keys[todo]
-            out[todo[hit]] = pos[hit]
-            go = ~hit & (held != _EMPTY)
-            todo, pos = todo[go], (pos[go] + 1) % self.rows
+            hit = held == want.unsqueeze(1)
+            found = hit.any(1)
+            out[todo[found]] = pos.gather(1, hit.to(torch.uint8).argmax(1, keepdim=True)).squeeze(1)[found]
+            go = ~found & ~(held == _EMPTY).any(1)
+            if not bool(go.any()):
+                break
+            todo, want, home = todo[go], want[go], home[go]
         return out
 
     def _home(self, keys: Tensor) -> Tensor:
-        return mix_keys(keys, _SALT) % self.rows
+        return (((keys * _FIBONACCI) >> 32) & 0xFFFFFFFF) % self.rows
 
     def _insert(self, keys: Tensor) -> Tensor:
         """Place distinct keys the table does not hold (there is room); returns their rows."""

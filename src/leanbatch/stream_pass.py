@@ -86,6 +86,10 @@ class StreamPass:
         """A kept candidate's loss weight: ``float32(2**32 / (2**32 - cut))``."""
         return float(torch.tensor(_SCALE / (_SCALE - self.cut), dtype=torch.float32))
 
+    @property
+    def _weight(self) -> Tensor:
+        return torch.tensor(self.weight, dtype=torch.float32)
+
     def fates(self, keys: Tensor) -> tuple[Tensor, Tensor]:
         """Whether each key (int64, CPU) is kept this pass, and its loss weight (float32).
 
@@ -97,8 +101,7 @@ class StreamPass:
         at = torch.searchsorted(cand, keys).clamp_(max=cand.numel() - 1)
         candidate = cand[at] == keys
         drop = candidate & ((mix_keys(keys, self.seed, self.index) >> 31) < self.cut)
-        up = candidate & ~drop
-        return ~drop, torch.where(up, torch.tensor(self.weight, dtype=torch.float32), 1.0)
+        return ~drop, torch.where(candidate & ~drop, self._weight, 1.0)
 
     def state_dict(self) -> dict[str, Any]:
         """Tensors and plain values only (loads with ``torch.load(weights_only=True)``)."""

@@ -109,8 +109,7 @@ class StreamInfoBatch:
         self.scores = KeyedScoreTable(capacity, device)
         self.dataset = PrunedStream(stream, key, transform)
         self.dataset.on_epoch = self.set_pass
-        self.current = StreamPass.keep_all(0, self.seed)
-        self.dataset.current = self.current
+        self.current = self.dataset.current = StreamPass.keep_all(0, self.seed)
         self._trained = 0  # samples trained, all passes
         self._in_pass = 0  # samples trained this pass
         self._last_pass = 0  # samples the last finished pass trained (for progress within a pass)
@@ -148,15 +147,19 @@ class StreamInfoBatch:
             return
         if self.prunes(index):
             keys, values = self.scores.items()  # one device-to-host copy per pass
-            self.current = StreamPass.freeze(index, self.seed, keys, values, self.prune_ratio)
+            current = StreamPass.freeze(index, self.seed, keys, values, self.prune_ratio)
         else:
-            self.current = StreamPass.keep_all(index, self.seed)
-        self.dataset.current = self.current
-        self.scores.clock = index
+            current = StreamPass.keep_all(index, self.seed)
         self._last_pass, self._in_pass = self._in_pass, 0
+        self._enter(current)
+
+    def _enter(self, current: StreamPass) -> None:
+        """Make ``current`` the pass the stream decides with, and the source's epoch."""
+        self.current = self.dataset.current = current
+        self.scores.clock = current.index
         source_epoch = getattr(self.dataset.source, "set_epoch", None)
         if callable(source_epoch):
-            source_epoch(index)
+            source_epoch(current.index)
 
     # ------------------------------------------------------------------ one step
     def update(self, loss: Tensor, keys: Any) -> Tensor:
@@ -258,7 +261,5 @@ class StreamInfoBatch:
             )
         counts = [check_int(saved[k], f"state_dict[{k!r}]", 0) for k in ("trained", "in_pass", "last_pass")]
         self.scores.load_state_dict(saved["scores"])
-        self.current = current
-        self.dataset.current = current
-        self.scores.clock = current.index
         self._trained, self._in_pass, self._last_pass = counts
+        self._enter(current)
