@@ -203,3 +203,23 @@ def test_a_label_crossing_into_the_next_sequence_is_refused() -> None:
     with pytest.raises(ValueError, match="labels: a packed sequence starts with a label"):
         per_sequence_loss(LOGITS, labels, shift=True, position_ids=POS)
     per_sequence_loss(LOGITS, labels, shift=False, position_ids=POS)  # unshifted: nothing crosses
+
+
+@torch.no_grad()
+def test_trl_bfd_packed_rows_flattened(model) -> None:
+    """TRL's BFD packing: each example is a row of several sequences with their ``seq_lengths``;
+    the padding-free collator flattens the rows, position ids restarting at every sequence."""
+    feats = features()
+    rows = [feats[:3], feats[3:5], feats[5:]]
+    packed_rows = [
+        {
+            "input_ids": sum((f["input_ids"] for f in row), []),
+            "labels": sum((f["labels"] for f in row), []),
+            "seq_lengths": [len(f["input_ids"]) for f in row],
+        }
+        for row in rows
+    ]
+    packed = DataCollatorForLanguageModeling(pad_token_id=0, padding_free=True)(packed_rows)
+    logits = model(input_ids=packed["input_ids"], position_ids=packed["position_ids"]).logits
+    got = per_sequence_loss(logits, packed["labels"], shift=True, position_ids=packed["position_ids"])
+    torch.testing.assert_close(got, unpacked_losses(model, feats), atol=1e-5, rtol=0)

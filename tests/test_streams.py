@@ -334,3 +334,10 @@ def test_the_loaders_set_epoch_moves_the_pass_and_the_sources_epoch() -> None:
     back = StreamInfoBatch(Source(), 3, key="id")
     back.load_state_dict(sib.state_dict())
     assert back.pass_index == 1 and Source.epochs == [1, 1]
+
+
+def test_an_empty_batch_returns_zero() -> None:
+    sib = make(8)
+    loss = torch.empty(0, requires_grad=True)
+    out = sib.update(loss, torch.empty(0, dtype=torch.int64))
+    assert float(out) == 0.0 and sib.stats()["trained"] == 0

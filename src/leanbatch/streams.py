@@ -191,7 +191,7 @@ class StreamInfoBatch:
         self.scores.put(keys, loss, rows)
         self._trained += n
         self._in_pass += n
-        w = w.to(loss.device, non_blocking=True).mul_(1.0 / n)
+        w = w.to(loss.device, non_blocking=True).mul_(1.0 / max(n, 1))  # an empty batch: 0
         return (loss.float() * w).sum()
 
     def _check_batch(self, keys: Tensor, rows: Tensor) -> None:
