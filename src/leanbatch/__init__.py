@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what a type checker sees; at run time, _HOME (a test keeps the two equal)
     from leanbatch.infobatch import InfoBatch
+    from leanbatch.keyed_scores import KeyedScoreTable
     from leanbatch.losses import per_sequence_loss
+    from leanbatch.packing import packed_sequence_ids
     from leanbatch.policies.budget import EpsilonGreedyPolicy, RS2Policy, UCBPolicy
     from leanbatch.policies.infobatch import InfoBatchPolicy, RandomPolicy
     from leanbatch.policies.loss_rank import LossRankPolicy
@@ -34,11 +36,14 @@ if TYPE_CHECKING:  # what a type checker sees; at run time, _HOME (a test keeps 
     from leanbatch.selection.rules import select_by_loss_rank, select_indices
     from leanbatch.selection.schedule import should_selective_backprop
     from leanbatch.selection.selective_backprop import SelectiveBackprop
+    from leanbatch.streams import StreamInfoBatch
 
 _HOME = {
     "InfoBatch": "leanbatch.infobatch",
     "PrunedSampler": "leanbatch.sampler",
     "ScoreTable": "leanbatch.scores",
+    "KeyedScoreTable": "leanbatch.keyed_scores",
+    "StreamInfoBatch": "leanbatch.streams",
     "Plan": "leanbatch.policies.plan",
     "InfoBatchPolicy": "leanbatch.policies.infobatch",
     "RandomPolicy": "leanbatch.policies.infobatch",
@@ -51,6 +56,7 @@ _HOME = {
     "ProgressLR": "leanbatch.schedule",
     "cosine": "leanbatch.schedule",
     "per_sequence_loss": "leanbatch.losses",
+    "packed_sequence_ids": "leanbatch.packing",
     "SelectiveBackprop": "leanbatch.selection.selective_backprop",
     "OnlineBatchSelection": "leanbatch.selection.online",
     "ProxyScorer": "leanbatch.selection.proxy",

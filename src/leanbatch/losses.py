@@ -10,6 +10,10 @@ them (logits upcast to float32; with ``shift``, position ``t`` predicts label ``
 gradient and ranks as the easiest. It is **never scored**: the code that stores scores (the
 Hugging Face adapter) skips it, so it keeps the score it had, or none.
 
+**Packed rows** (several sequences in one row, told apart by ``position_ids`` or ``cu_seq_lens``:
+see :mod:`leanbatch.packing`) give one loss per packed *sequence*, the mean over its own labelled
+tokens, equal to what the same sequences give unpacked (:func:`per_sequence_loss`).
+
 Example:
     >>> import torch
     >>> logits = torch.zeros(2, 3, 5)  # uniform predictions: every token costs log(5)
@@ -20,13 +24,16 @@ Example:
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from leanbatch.checks import check_choice
+from leanbatch.packing import check_packed_labels, packed_sequence_ids, require_values
 
-__all__ = ["per_sequence_loss", "sequence_losses", "token_losses"]
+__all__ = ["per_sequence_loss", "segment_losses", "sequence_losses", "token_losses"]
 
 
 def token_losses(
@@ -85,6 +92,32 @@ def sequence_losses(tok: Tensor, counted: Tensor) -> Tensor:
     return (tok.sum(dim=1) / counted.clamp(min=1)).to(torch.float32)
 
 
+def segment_losses(tok: Tensor, labelled: Tensor, ids: Tensor, count: int) -> tuple[Tensor, Tensor]:
+    """The mean token loss of each of ``count`` packed sequences (float32; 0 without a labelled
+    token) and each one's labelled tokens (int64).
+
+    ``ids`` (from :func:`~leanbatch.packing.packed_sequence_ids`) number the tokens row-major,
+    never decreasing, so each sequence is one run of the flattened batch and its sum is a
+    difference of a float64 running sum: deterministic on every device (no atomic adds), and
+    vectorised. Tokens numbered ``count`` or more (padding) belong to none.
+
+    Example:
+        >>> import torch
+        >>> tok = torch.tensor([[1.0, 3.0, 2.0, 0.0]])
+        >>> labelled = torch.tensor([[True, True, True, False]])
+        >>> loss, n = segment_losses(tok, labelled, torch.tensor([[0, 0, 1, 2]]), 2)
+        >>> loss.tolist(), n.tolist()
+        ([2.0, 2.0], [2, 1])
+    """
+    flat = ids.reshape(-1)
+    bounds = torch.searchsorted(flat, torch.arange(count + 1, device=flat.device))
+    sums = F.pad(tok.reshape(-1).double().cumsum(0), (1, 0))
+    seen = F.pad(labelled.reshape(-1).to(flat.device, torch.int64).cumsum(0), (1, 0))
+    counted = seen[bounds[1:]] - seen[bounds[:-1]]
+    mean = (sums[bounds[1:]] - sums[bounds[:-1]]) / counted.clamp(min=1)
+    return mean.to(torch.float32), counted
+
+
 def per_sequence_loss(
     logits: Tensor,
     labels: Tensor,
@@ -92,6 +125,9 @@ def per_sequence_loss(
     *,
     reduction: str = "none",
     shift: bool = False,
+    position_ids: Tensor | None = None,
+    cu_seq_lens: Tensor | None = None,
+    num_sequences: int | None = None,
 ) -> Tensor:
     """Cross-entropy per sequence: the mean over tokens whose label is not ``ignore_index``.
 
@@ -102,15 +138,43 @@ def per_sequence_loss(
         labels: ``(batch, seq_len)`` integer token ids; ``ignore_index`` marks tokens that do
             not count. A sequence with no labelled token gets loss 0 (see the module docstring).
         ignore_index: the label value to ignore (-100, as in PyTorch and HF).
-        reduction: ``"none"`` (shape ``(batch,)``, float32), ``"mean"`` or ``"sum"`` over sequences.
+        reduction: ``"none"`` (one loss per sequence, float32), ``"mean"`` or ``"sum"`` over sequences.
         shift: predict token ``t + 1`` from position ``t`` (causal LM labels that are a copy of
-            the inputs, as HF models shift them internally).
+            the inputs, as HF models shift them internally). Labels a collator already shifted
+            (``shift_labels``) go in as ``labels`` with ``shift=False``.
+        position_ids, cu_seq_lens: a packed batch's sequences (:mod:`leanbatch.packing`): one
+            loss per packed sequence, in packing order, equal to the same sequences unpacked.
+            With ``shift`` every packed sequence must start with an ignored label (the packing
+            collators' separator), else the shifted loss crosses sequences: refused.
+        num_sequences: how many sequences the batch packs (e.g. its dataset indices); the losses
+            then have this length, tokens after them are padding (refused if labelled), and no
+            host sync is needed to count the sequences (without it, ``position_ids`` cost one:
+            the count sizes the result). Without packing, it must equal the number of rows.
 
     Example:
         >>> import torch
         >>> per_sequence_loss(torch.zeros(2, 3, 5), torch.tensor([[1, 2, 3], [4, 0, -100]]), reduction="mean") > 0
         tensor(True)
+        >>> labels = torch.tensor([[-100, 1, 2, -100, 3]])   # two sequences packed in one row
+        >>> pos = torch.tensor([[0, 1, 2, 0, 1]])
+        >>> per_sequence_loss(torch.zeros(1, 5, 5), labels, shift=True, position_ids=pos).shape
+        torch.Size([2])
     """
+    _check_sequences(logits, labels)
+    check_choice(reduction, "reduction", ("none", "mean", "sum"))
+    if position_ids is None and cu_seq_lens is None and num_sequences is None:
+        per_seq = sequence_losses(*token_losses(logits, labels, shift, ignore_index))
+    else:
+        per_seq = _packed(logits, labels, ignore_index, shift, position_ids, cu_seq_lens, num_sequences)
+    if reduction == "mean":
+        return per_seq.mean()
+    if reduction == "sum":
+        return per_seq.sum()
+    return per_seq
+
+
+def _check_sequences(logits: Any, labels: Any) -> None:
+    """``logits`` ``(batch, seq_len, vocab)`` and integer ``labels`` ``(batch, seq_len)``, or an error."""
     if not isinstance(logits, Tensor) or not isinstance(labels, Tensor):
         raise TypeError("logits and labels must be tensors")
     if logits.dim() != 3:
@@ -121,10 +185,37 @@ def per_sequence_loss(
         )
     if labels.is_floating_point():
         raise TypeError(f"labels must be integer token ids, got {labels.dtype}")
-    check_choice(reduction, "reduction", ("none", "mean", "sum"))
-    per_seq = sequence_losses(*token_losses(logits, labels, shift, ignore_index))
-    if reduction == "mean":
-        return per_seq.mean()
-    if reduction == "sum":
-        return per_seq.sum()
-    return per_seq
+
+
+def _packed(
+    logits: Tensor,
+    labels: Tensor,
+    ignore_index: int,
+    shift: bool,
+    position_ids: Tensor | None,
+    cu_seq_lens: Tensor | None,
+    num_sequences: int | None,
+) -> Tensor:
+    """:func:`per_sequence_loss` of a packed batch: one loss per packed sequence."""
+    ids = packed_sequence_ids(
+        labels, position_ids=position_ids, cu_seq_lens=cu_seq_lens, num_sequences=num_sequences
+    ).to(logits.device)
+    if shift:
+        check_packed_labels(labels, ids, ignore_index)
+    tok, _ = token_losses(logits, labels, shift, ignore_index)
+    targets = F.pad(labels, (0, 1), value=ignore_index)[..., 1:] if shift else labels
+    labelled = targets.to(logits.device) != ignore_index
+    if num_sequences is not None:
+        count = num_sequences
+    elif cu_seq_lens is not None:
+        count = cu_seq_lens.numel() - 1
+    else:
+        count = int(ids[-1, -1]) + 1  # the one host sync: the number of sequences sizes the result
+    loss, _ = segment_losses(tok, labelled, ids, count)
+    if num_sequences is not None:  # the tokens past the last sequence are padding: no label
+        require_values(
+            ~labelled.masked_select(ids == count).any(),
+            f"num_sequences={count} but the batch has labelled tokens after its {count}-th packed "
+            "sequence: pass the number of sequences the batch packs (padding only at the end)",
+        )
+    return loss

@@ -11,9 +11,19 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-__all__ = ["KeyedPermutation", "mix_seed"]
+__all__ = ["KeyedPermutation", "mix_keys", "mix_seed"]
 
 _M64 = (1 << 64) - 1
+_GOLDEN, _MUL1, _MUL2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+
+
+def _absorb(x: int, p: int) -> int:
+    """One splitmix64 step of the chain: the state ``x`` after taking in ``p``."""
+    x = (x ^ (int(p) & _M64)) & _M64
+    x = (x + _GOLDEN) & _M64
+    x = ((x ^ (x >> 30)) * _MUL1) & _M64
+    x = ((x ^ (x >> 27)) * _MUL2) & _M64
+    return x ^ (x >> 31)
 
 
 def mix_seed(*parts: int) -> int:
@@ -23,14 +33,41 @@ def mix_seed(*parts: int) -> int:
         >>> mix_seed(0, 1) == mix_seed(0, 1) != mix_seed(1, 0)
         True
     """
-    x = 0x9E3779B97F4A7C15
+    x = _GOLDEN
     for p in parts:
-        x = (x ^ (int(p) & _M64)) & _M64
-        x = (x + 0x9E3779B97F4A7C15) & _M64
-        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
-        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
-        x ^= x >> 31
+        x = _absorb(x, p)
     return x >> 1
+
+
+def _signed(x: int) -> int:
+    """The int64 with the bits of the unsigned 64-bit ``x``."""
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+def _shr(x: Tensor, k: int) -> Tensor:
+    """Logical right shift of int64 bits (torch's ``>>`` keeps the sign)."""
+    return (x >> k) & ((1 << (64 - k)) - 1)
+
+
+def mix_keys(keys: Tensor, *parts: int) -> Tensor:
+    """``mix_seed(*parts, key)`` for every key of an integer tensor, vectorised (int64, in ``[0, 2**63)``).
+
+    The chain's state after ``parts`` is computed once; each key is then one splitmix64 step in
+    int64 arithmetic (two's-complement wrap-around, logical shifts), bit for bit the scalar's.
+
+    Example:
+        >>> import torch
+        >>> mix_keys(torch.tensor([0, 7, -3]), 5, 1).tolist() == [mix_seed(5, 1, k) for k in (0, 7, -3)]
+        True
+    """
+    x0 = _GOLDEN
+    for p in parts:
+        x0 = _absorb(x0, p)
+    x = keys.to(torch.int64) ^ _signed(x0)
+    x = x + _signed(_GOLDEN)
+    x = (x ^ _shr(x, 30)) * _signed(_MUL1)
+    x = (x ^ _shr(x, 27)) * _signed(_MUL2)
+    return _shr(x ^ _shr(x, 31), 1)
 
 
 class KeyedPermutation:
