@@ -3,7 +3,9 @@ its ``SelectiveBackprop(rule="loss_rank")`` alias, no model and no forward pass.
 
 from __future__ import annotations
 
+import collections
 import io
+import sys
 
 import pytest
 import torch
@@ -134,3 +136,64 @@ def test_any_batch_structure_and_a_shared_infobatch_table() -> None:
         and sel.batch["source"] == "toy"
     )
     assert obs.score_table is table and obs.is_active(0.99, 5) and not obs.is_active(1.0, 0)
+
+
+# ---------------------------------------------------------------------------- checks once per shape
+CHECKS = ("check_pressure", "pressure_at", "check_fraction", "check_real", "check_int", "num_selected")
+
+
+def checks_per_step(
+    sel, steps: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+) -> list[dict[str, int]]:  # type: ignore[no-untyped-def]
+    """For each step, how often selection's argument checks ran (``sys.setprofile``), by name;
+    ``check_per_sample_loss`` only when selection itself called it (the table's writes check theirs)."""
+    model, out = nn.Linear(3, 2), []
+
+    def profile(frame, event, arg) -> None:  # type: ignore[no-untyped-def]
+        name, caller = frame.f_code.co_name, frame.f_back.f_globals.get("__name__", "")
+        if event == "call" and frame.f_globals.get("__name__", "").startswith("leanbatch"):
+            if name in CHECKS or (name == "check_per_sample_loss" and caller.startswith("leanbatch.sel")):
+                out[-1][name] += 1
+
+    for t, (x, y, idx) in enumerate(steps):
+        out.append(collections.Counter())
+        sys.setprofile(profile)
+        try:
+            s = sel.select((x, y), model, nn.functional.cross_entropy, progress=0.5, batch_idx=t, indices=idx)
+            if sel.score_table is not None and not sel.runs_model:
+                sel.record_losses(idx[s.positions], torch.rand(s.positions.shape[0]))
+        finally:
+            sys.setprofile(None)
+    return out
+
+
+@pytest.mark.parametrize("method", ["online", "selective_backprop", "rho_loss"])
+def test_a_selection_step_checks_its_arguments_once_per_batch_shape_not_every_step(method: str) -> None:
+    g = torch.Generator().manual_seed(0)
+    sizes = [16, 16, 16, 16, 8, 8, 8, 16]  # two shapes: the scores are checked when the shape changes
+    steps = [
+        (
+            torch.randn(b, 3, generator=g),
+            torch.randint(0, 2, (b,), generator=g),
+            torch.randperm(N, generator=g)[:b],
+        )
+        for b in sizes
+    ]
+    sel = {
+        "online": lambda: OnlineBatchSelection(N, keep=0.5, pressure=100.0, final_pressure=2.0, seed=0),
+        "selective_backprop": lambda: SelectiveBackprop(
+            start=0.0, end=1.0, keep=0.5, scale_factor=1.0, interrupt=0
+        ),
+        "rho_loss": lambda: leanbatch.selection.RhoLoss(torch.zeros(N), keep=0.5),
+    }[method]()
+    counts = checks_per_step(sel, steps)
+    assert all(sum(c.get(name, 0) for name in CHECKS) == 0 for c in counts), counts  # checked when built
+    scores_checked = [c.get("check_per_sample_loss", 0) for c in counts]
+    assert scores_checked == [1, 0, 0, 0, 1, 0, 0, 1], counts  # once per new shape, not per step
+    # the checks still hold: a bad step argument and bad scores of a new shape raise as ever
+    with pytest.raises(ValueError, match=r"progress must be a finite number in \[0, 1\], got 1.5"):
+        sel.select(steps[0][:2], nn.Linear(3, 2), progress=1.5, batch_idx=0, indices=steps[0][2])
+    with pytest.raises(TypeError, match="got torch.bool: a bool or complex tensor cannot be ranked"):
+        sel.selection_rule.positions(
+            torch.zeros(4, dtype=torch.bool), leanbatch.selection.rules.Draw(4, torch.device("cpu"))
+        )

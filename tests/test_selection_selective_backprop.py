@@ -166,11 +166,12 @@ def test_state_dict_round_trip_resumes_the_same_draws(rule: str) -> None:
     b.load_state_dict(state)
     assert all(torch.equal(p, q) for p, q in zip(run(b, range(4, 12)), rest, strict=True))
     assert b.state_dict()["draws"] == 12 and b.stats.selected_batches == 12
-    # a state saved before per-draw seeding (generator states, no draw count): one draw per selected batch
+    # a state of a pre-release format (generator states, no draw count; "stale" for "memory"): one error
     legacy = {**{k: v for k, v in state.items() if k != "draws"}, "generators": {"cpu": torch.zeros(8)}}
-    c = make()
-    c.load_state_dict(legacy)
-    assert c.state_dict()["draws"] == 4
+    renamed = {**{k: v for k, v in state.items() if k != "memory"}, "stale": None}
+    for old, key in ((legacy, "draws"), (renamed, "memory")):
+        with pytest.raises(ValueError, match=f"SelectiveBackprop state_dict has no key '{key}'"):
+            make().load_state_dict(old)
     # power: an object that did not load the state draws differently on these batches
     fresh = run(make(), range(4, 12))
     assert sum(not torch.equal(p, q) for p, q in zip(fresh, rest, strict=True)) >= 6

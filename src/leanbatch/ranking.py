@@ -25,7 +25,7 @@ from torch import Tensor
 
 from leanbatch.checks import check_real
 
-__all__ = ["check_pressure", "gumbel_top_k", "loss_rank_draw", "pressure_at"]
+__all__ = ["check_pressure", "decayed_pressure", "gumbel_top_k", "loss_rank_draw", "pressure_at"]
 
 _PRESSURE = "the hardest example's odds over the easiest (1 = uniform; 100 is Loshchilov & Hutter's s_e0)"
 
@@ -50,7 +50,18 @@ def pressure_at(progress: float, start: float, end: float | None = None) -> floa
     start = check_pressure(start)
     if end is None or end == start:
         return start
-    end = check_pressure(end, "final_pressure")
+    return decayed_pressure(progress, start, check_pressure(end, "final_pressure"))
+
+
+def decayed_pressure(progress: float, start: float, end: float | None) -> float:
+    """:func:`pressure_at` of pressures checked once, by the rule or policy that holds them.
+
+    Example:
+        >>> round(decayed_pressure(1.0, 100.0, 4.0), 9), decayed_pressure(0.3, 100.0, None)
+        (4.0, 100.0)
+    """
+    if end is None or end == start:
+        return start
     t = min(max(float(progress), 0.0), 1.0)
     return float(math.exp(math.log(start) + t * (math.log(end) - math.log(start))))
 

@@ -61,15 +61,21 @@ class LossHistory:
         self.values = torch.full((self.size,), float("nan"), dtype=torch.float32, device=dev)
         self._next = 0  # host-side write position: batch sizes are known on the host
 
-    def _follow_device(self, losses: Tensor) -> None:
+    def _own(self, losses: Tensor) -> Tensor:
+        """Checked ``losses`` as float32 on the buffer's device (which follows them if it may)."""
+        return self._adopt(check_per_sample_loss(losses, "losses"))
+
+    def _adopt(self, losses: Tensor) -> Tensor:
+        """:meth:`_own` of checked losses."""
         if self._follow and losses.device != self.values.device:
             self.values = self.values.to(losses.device)
+        return losses.detach().to(self.values.device, torch.float32)
 
     def push(self, losses: Tensor) -> None:
         """Remember ``losses`` (overwriting the oldest); non-finite ones are not remembered."""
-        losses = check_per_sample_loss(losses, "losses")
-        self._follow_device(losses)
-        new = losses.detach().to(self.values.device, torch.float32)
+        self._push(self._own(losses))
+
+    def _push(self, new: Tensor) -> None:
         new = torch.where(torch.isfinite(new), new, torch.full_like(new, float("nan")))
         n = new.shape[0]
         if n >= self.size:
@@ -82,9 +88,9 @@ class LossHistory:
 
     def percentile(self, losses: Tensor) -> Tensor:
         """Percentile rank in [0, 1] of each loss among the remembered losses (ties count half)."""
-        losses = check_per_sample_loss(losses, "losses")
-        self._follow_device(losses)
-        x = losses.detach().to(self.values.device, torch.float32)
+        return self._percentile(self._own(losses))
+
+    def _percentile(self, x: Tensor) -> Tensor:
         valid = ~torch.isnan(self.values)
         n_valid = valid.sum()
         ordered = torch.sort(torch.where(valid, self.values, torch.full_like(self.values, math.inf))).values
@@ -97,7 +103,10 @@ class LossHistory:
 
     def probabilities(self, losses: Tensor) -> Tensor:
         """Selection probability ``max(min_probability, percentile ** beta)`` of each loss."""
-        return self.percentile(losses).pow(self.beta).clamp_min(self.min_probability)
+        return self._probabilities(self._own(losses))
+
+    def _probabilities(self, x: Tensor) -> Tensor:
+        return self._percentile(x).pow(self.beta).clamp_min(self.min_probability)
 
     def sample(
         self, losses: Tensor, generator: torch.Generator | None = None, at_least_one: bool = True
@@ -108,9 +117,13 @@ class LossHistory:
         draw selects none, so a training step never gets an empty batch. The draw
         is on the device (no sync); only turning the mask into positions reads.
         """
-        self.push(losses)
-        probs = self.probabilities(losses)
-        gen = resolve_generator(generator, probs.device)
+        x = self._own(losses)
+        return self._sample(x, resolve_generator(generator, x.device), at_least_one)
+
+    def _sample(self, x: Tensor, gen: torch.Generator, at_least_one: bool) -> Tensor:
+        """:meth:`sample` of float32 losses on the buffer's device."""
+        self._push(x)
+        probs = self._probabilities(x)
         mask = torch.rand(probs.shape, generator=gen, device=probs.device) < probs
         if at_least_one:
             fallback = torch.zeros_like(mask).index_fill_(0, probs.argmax().view(1), True)
@@ -152,13 +165,16 @@ class HistoryRule(Rule):
     def __init__(self, size: int = 1024, beta: float = 3.0):
         self.history = LossHistory(size, beta)
 
-    def positions(self, scores: Tensor | None, draw: Draw) -> Tensor:
+    def drawn(self, scores: Tensor | None, draw: Draw, generator: torch.Generator | None) -> Tensor:
         # reads the count: the one sync of selection, this rule's own
-        return self.mask(scores, draw).nonzero().squeeze(1)
+        return self._mask(scores, draw, generator).nonzero().squeeze(1)
 
     def mask(self, scores: Tensor | None, draw: Draw) -> Tensor:
-        assert scores is not None
-        return self.history.sample(scores, draw.generator, at_least_one=draw.at_least_one)
+        return self._mask(scores, draw, self.ready(scores, draw))
+
+    def _mask(self, scores: Tensor | None, draw: Draw, generator: torch.Generator | None) -> Tensor:
+        assert scores is not None and generator is not None
+        return self.history._sample(self.history._adopt(scores), generator, draw.at_least_one)
 
     def state_dict(self) -> dict[str, Any]:
         """``{"history": the ring buffer's state}``."""

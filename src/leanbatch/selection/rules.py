@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from leanbatch.checks import check_fraction, check_per_sample_loss, check_seed
-from leanbatch.ranking import check_pressure, gumbel_top_k, loss_rank_draw, pressure_at
+from leanbatch.ranking import check_pressure, decayed_pressure, gumbel_top_k, loss_rank_draw
 from leanbatch.rng import Generators, canonical_device
 from leanbatch.selection.scoring import rankable_losses
 
@@ -72,10 +72,19 @@ def num_selected(n: int, keep: float) -> int:
         >>> num_selected(128, 0.5), num_selected(1, 0.5), num_selected(3, 0.3)
         (64, 1, 1)
     """
-    keep = check_fraction(keep, "keep")
+    return _count(_rows(n), check_fraction(keep, "keep"))
+
+
+def _count(n: int, keep: float) -> int:
+    """:func:`num_selected` of a checked ``n`` and ``keep`` (a rule's, checked at construction)."""
+    return max(1, int(keep * n))
+
+
+def _rows(n: Any) -> int:
+    """``n`` if it is a batch size (an int >= 1)."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"the batch must hold at least one example, got n={n!r}")
-    return max(1, int(keep * n))
+    return n
 
 
 def _losses(losses: Any) -> Tensor:
@@ -85,11 +94,10 @@ def _losses(losses: Any) -> Tensor:
     )
 
 
-def _setup(losses: Any, keep: float, generator: Any) -> tuple[Tensor, int, int, torch.Generator]:
-    """The checked losses, ``n``, ``k`` and the generator of a weighted draw."""
-    losses = _losses(losses)
-    k = num_selected(losses.shape[0], keep)
-    return losses, losses.shape[0], k, resolve_generator(generator, losses.device)
+def _setup(losses: Any, keep: float, generator: Any) -> tuple[Tensor, float, int, torch.Generator]:
+    """The checked losses, ``keep``, ``k`` and the generator of a weighted draw."""
+    losses, keep = _losses(losses), check_fraction(keep, "keep")
+    return losses, keep, _count(losses.shape[0], keep), resolve_generator(generator, losses.device)
 
 
 def rank_weights(n: int, keep: float) -> Tensor:
@@ -99,10 +107,18 @@ def rank_weights(n: int, keep: float) -> Tensor:
         >>> [round(x, 3) for x in rank_weights(4, 0.5).tolist()]  # proportional to p = (i + 0.5) / 4
         [0.062, 0.188, 0.312, 0.438]
     """
-    keep = check_fraction(keep, "keep")
-    num_selected(n, keep)  # validates n
+    keep, n = check_fraction(keep, "keep"), _rows(n)
     w = ((torch.arange(n, dtype=torch.float64) + 0.5) / n) ** (1.0 / keep - 1.0)
     return w / w.sum()
+
+
+def _rank_draw(losses: Tensor, k: int, keep: float, gen: torch.Generator) -> Tensor:
+    n = losses.shape[0]
+    if k >= n:
+        return torch.arange(n, device=losses.device)
+    order = torch.argsort(losses.detach(), stable=True)  # rank position -> batch position
+    pos = (torch.arange(n, device=losses.device, dtype=torch.float32) + 0.5) / n
+    return gumbel_top_k(order, torch.log(pos) * (1.0 / keep - 1.0), k, gen)
 
 
 def select_indices(losses: Tensor, keep: float, generator: torch.Generator | None = None) -> Tensor:
@@ -118,12 +134,15 @@ def select_indices(losses: Tensor, keep: float, generator: torch.Generator | Non
         >>> select_indices(losses, keep=1.0).tolist()  # keep=1 keeps everything
         [0, 1, 2, 3, 4, 5]
     """
-    losses, n, k, gen = _setup(losses, keep, generator)
-    if k == n:
-        return torch.arange(n, device=losses.device)
-    order = torch.argsort(losses.detach(), stable=True)  # rank position -> batch position
-    pos = (torch.arange(n, device=losses.device, dtype=torch.float32) + 0.5) / n
-    return gumbel_top_k(order, torch.log(pos) * (1.0 / float(keep) - 1.0), k, gen)
+    losses, keep, k, gen = _setup(losses, keep, generator)
+    return _rank_draw(losses, k, keep, gen)
+
+
+def _hardest(losses: Tensor, k: int) -> Tensor:
+    if k >= losses.shape[0]:
+        return torch.arange(losses.shape[0], device=losses.device)
+    hard = torch.nan_to_num(losses.detach().float(), nan=float("inf"))
+    return torch.sort(torch.topk(hard, k, sorted=False).indices).values
 
 
 def select_hardest(losses: Tensor, keep: float) -> Tensor:
@@ -135,11 +154,14 @@ def select_hardest(losses: Tensor, keep: float) -> Tensor:
         [1, 3]
     """
     losses = _losses(losses)
-    k = num_selected(losses.shape[0], keep)
-    if k == losses.shape[0]:
-        return torch.arange(k, device=losses.device)
-    hard = torch.nan_to_num(losses.detach().float(), nan=float("inf"))
-    return torch.sort(torch.topk(hard, k, sorted=False).indices).values
+    return _hardest(losses, num_selected(losses.shape[0], keep))
+
+
+def _uniform(n: int, k: int, gen: torch.Generator, device: torch.device) -> Tensor:
+    if k >= n:
+        return torch.arange(n, device=device)
+    u = torch.rand(n, generator=gen, device=device)
+    return torch.sort(torch.topk(u, k, sorted=False).indices).values
 
 
 def select_uniform(
@@ -152,13 +174,8 @@ def select_uniform(
         >>> select_uniform(8, 0.5, torch.Generator().manual_seed(0)).shape, select_uniform(3, 1.0).tolist()
         (torch.Size([4]), [0, 1, 2])
     """
-    k = num_selected(n, keep)
-    dev = torch.device(device)
-    gen = resolve_generator(generator, dev)
-    if k == n:
-        return torch.arange(n, device=dev)
-    u = torch.rand(n, generator=gen, device=dev)
-    return torch.sort(torch.topk(u, k, sorted=False).indices).values
+    k, dev = num_selected(n, keep), torch.device(device)
+    return _uniform(n, k, resolve_generator(generator, dev), dev)
 
 
 def loss_rank_weights(n: int, pressure: float) -> Tensor:
@@ -169,8 +186,7 @@ def loss_rank_weights(n: int, pressure: float) -> Tensor:
         >>> round(float(w[3] / w[0]), 6)
         8.0
     """
-    pressure = check_pressure(pressure)
-    num_selected(n, 1.0)  # validates n
+    pressure, n = check_pressure(pressure), _rows(n)
     w = torch.exp(-torch.arange(n - 1, -1, -1, dtype=torch.float64) * math.log(pressure) / n)
     return w / w.sum()
 
@@ -190,7 +206,7 @@ def select_by_loss_rank(
         [1, 3]
     """
     pressure = check_pressure(pressure)
-    losses, n, k, gen = _setup(losses, keep, generator)
+    losses, _, k, gen = _setup(losses, keep, generator)
     return loss_rank_draw(losses, k, pressure, gen)
 
 
@@ -215,6 +231,10 @@ class Rule:
     """A selector's rule: ``positions(scores, draw)``; ``keep`` (``None``: the count varies),
     ``random`` (it needs the draw's generator), ``needs_scores`` (else no source is read).
 
+    Its arguments are checked when it is built; the scores and the draw's generator once per
+    batch shape, dtype and device (:meth:`check`), not at every draw. A new rule implements
+    :meth:`drawn` (or overrides :meth:`positions`).
+
     Example:
         >>> Rule.needs_scores, RankRule(0.3).keep, UniformRule(0.3).needs_scores
         (True, 0.3, False)
@@ -224,10 +244,64 @@ class Rule:
     keep: float | None = None
     random = True
     needs_scores = True
+    _checked: tuple[Any, ...] = ()  # the (n, shape, dtype, device) of the scores last checked
+
+    def check(self, scores: Tensor | None, draw: Draw) -> None:
+        """Raise unless ``scores`` holds one real score per row of ``draw`` and the draw's generator
+        is on their device; a no-op for the shape, dtype and device last checked.
+
+        Example:
+            >>> import torch
+            >>> try:
+            ...     RankRule(0.5).check(torch.rand(3, 2), Draw(3, torch.device("cpu")))
+            ... except ValueError as e:
+            ...     print(str(e).split(":")[0])
+            losses must have shape (batch,), got (3, 2)
+        """
+        shape = None if scores is None else (scores.shape, scores.dtype, scores.device)
+        key = (draw.n, draw.device, shape)
+        if key == self._checked:
+            return
+        device = draw.device
+        if scores is not None:
+            device = _losses(scores).device
+            if scores.shape[0] != _rows(draw.n):
+                raise ValueError(f"scores must hold one score per row ({draw.n}), got {scores.shape[0]}")
+        _rows(draw.n)
+        if draw.generator is not None:
+            resolve_generator(draw.generator, device)
+        self._checked = key
 
     def positions(self, scores: Tensor | None, draw: Draw) -> Tensor:
         """Positions (int64, ascending) of the rows to keep, on the scores' device (or ``draw.device``)."""
+        return self.drawn(scores, draw, self.ready(scores, draw))
+
+    def ready(self, scores: Tensor | None, draw: Draw) -> torch.Generator | None:
+        """:meth:`check`, then the generator to draw from (without one in ``draw``: the module's
+        stream of the device, :func:`seed_selection`; ``None`` for a rule that does not draw).
+
+        Example:
+            >>> import torch
+            >>> TopRule(0.5).ready(torch.rand(4), Draw(4, torch.device("cpu"))) is None
+            True
+        """
+        self.check(scores, draw)
+        if draw.generator is not None or not self.random:
+            return draw.generator
+        return _DEFAULT.stream(draw.device if scores is None else scores.device)
+
+    def drawn(self, scores: Tensor | None, draw: Draw, generator: torch.Generator | None) -> Tensor:
+        """:meth:`positions` of checked scores, with the generator to draw from (:meth:`ready`)."""
         raise NotImplementedError
+
+    def num_kept(self, n: int) -> int | None:
+        """How many of ``n`` rows the rule keeps (:func:`num_selected`; ``None``: the count varies).
+
+        Example:
+            >>> RankRule(0.3).num_kept(10), RankRule(0.3).num_kept(2), Rule().num_kept(10)
+            (3, 1, None)
+        """
+        return None if self.keep is None else _count(n, self.keep)
 
     def mask(self, scores: Tensor | None, draw: Draw) -> Tensor:
         """The same choice as a bool mask over the ``draw.n`` rows (global selection splits it
@@ -263,9 +337,9 @@ class RankRule(Rule):
     def __init__(self, keep: float = 0.5):
         self.keep: float = check_fraction(keep, "keep")
 
-    def positions(self, scores: Tensor | None, draw: Draw) -> Tensor:
-        assert scores is not None  # a selector with a scoring rule always has a source
-        return select_indices(scores, self.keep, draw.generator)
+    def drawn(self, scores: Tensor | None, draw: Draw, generator: torch.Generator | None) -> Tensor:
+        assert scores is not None and generator is not None  # a scoring rule always has a source
+        return _rank_draw(scores, _count(draw.n, self.keep), self.keep, generator)
 
 
 class TopRule(RankRule):
@@ -280,9 +354,9 @@ class TopRule(RankRule):
     name = "top"
     random = False
 
-    def positions(self, scores: Tensor | None, draw: Draw) -> Tensor:
+    def drawn(self, scores: Tensor | None, draw: Draw, generator: torch.Generator | None) -> Tensor:
         assert scores is not None
-        return select_hardest(scores, self.keep)
+        return _hardest(scores, _count(draw.n, self.keep))
 
 
 class UniformRule(RankRule):
@@ -297,8 +371,9 @@ class UniformRule(RankRule):
     name = "uniform"
     needs_scores = False
 
-    def positions(self, scores: Tensor | None, draw: Draw) -> Tensor:
-        return select_uniform(draw.n, self.keep, draw.generator, draw.device)
+    def drawn(self, scores: Tensor | None, draw: Draw, generator: torch.Generator | None) -> Tensor:
+        assert generator is not None
+        return _uniform(draw.n, _count(draw.n, self.keep), generator, draw.device)
 
 
 class LossRankRule(RankRule):
@@ -320,7 +395,7 @@ class LossRankRule(RankRule):
             None if final_pressure is None else check_pressure(final_pressure, "final_pressure")
         )
 
-    def positions(self, scores: Tensor | None, draw: Draw) -> Tensor:
-        assert scores is not None
-        pressure = pressure_at(draw.progress, self.pressure, self.final_pressure)
-        return select_by_loss_rank(scores, self.keep, pressure, draw.generator)
+    def drawn(self, scores: Tensor | None, draw: Draw, generator: torch.Generator | None) -> Tensor:
+        assert scores is not None and generator is not None
+        pressure = decayed_pressure(draw.progress, self.pressure, self.final_pressure)
+        return loss_rank_draw(scores, _count(draw.n, self.keep), pressure, generator)

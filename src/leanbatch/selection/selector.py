@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from leanbatch.checks import check_bool, check_int, check_real
+from leanbatch.checks import check_bool, check_int, check_real, require
 from leanbatch.progress import training_progress
 from leanbatch.rng import Generators
 from leanbatch.scores import ScoreTable
 from leanbatch.selection.batches import BatchAccumulator, index_batch
 from leanbatch.selection.layout import Key, Keys, Selection, read_rows
-from leanbatch.selection.rules import Draw, Rule, num_selected
+from leanbatch.selection.rules import Draw, Rule
 from leanbatch.selection.schedule import Window
 from leanbatch.selection.scope import Scope
 from leanbatch.selection.sources import Source
@@ -192,12 +192,15 @@ class Selector:
             >>> sel.select(torch.zeros(8, 2), progress=0.1, batch_idx=0).positions is None  # before the window
             True
         """
-        if progress is None or batch_idx is None:
-            raise TypeError("select() needs progress= (fraction of training done) and batch_idx=")
-        if isinstance(progress, bool) or not isinstance(progress, (int, float)):
-            raise TypeError(f"progress must be a Python float (fraction of training done), got {progress!r}")
-        check_real(progress, "progress", 0.0, 1.0, hint=_PROGRESS)  # a Python float: no device read
-        check_int(batch_idx, "batch_idx", 0)
+        if (
+            type(progress) is not float
+            or type(batch_idx) is not int
+            or not 0.0 <= progress <= 1.0
+            or batch_idx < 0
+        ):
+            progress, batch_idx = _checked_step(
+                progress, batch_idx
+            )  # the error; a float or int subclass passes
         return self._select(batch, model, loss_fn, progress, batch_idx, indices, epoch, True)
 
     def _select(
@@ -225,7 +228,7 @@ class Selector:
             return Selection(batch, None, None)
         draw = self._draws  # counted on every active batch: it follows the schedule, equal on all ranks
         self._draws += 1
-        if rule.keep is not None and num_selected(w * n, rule.keep) == w * n:
+        if rule.num_kept(w * n) == w * n:
             st.backpropagated += n
             return Selection(batch, None, None)
         self._device = rows.device
@@ -387,18 +390,25 @@ class Selector:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` saved (same parts; any rank's state)."""
-        state = dict(state)
-        if "stale" in state:  # saved before the memory had its own name
-            state["memory"] = state.pop("stale")
-        if (state.get("history") is None) != (self.history is None):
+        require(state, ("stats", "draws", "scorer", "history", "memory"), f"{type(self).__name__} state_dict")
+        if (state["history"] is None) != (self.history is None):
             raise ValueError("state_dict was saved with a different rule")
-        if (state.get("memory") is None) != (self.score_table is None):
+        if (state["memory"] is None) != (self.score_table is None):
             raise ValueError(
                 "state_dict was saved with a different memory setting (staleness, rule='loss_rank')"
             )
         self.stats = SelectionStats(**state["stats"])
-        # a state from before per-draw seeding holds generator states instead: one draw per selected batch
-        self._draws = int(state["draws"]) if "draws" in state else self.stats.selected_batches
+        self._draws = int(state["draws"])
         for part in (self.source, self.selection_rule):
             if part is not None:
                 part.load_state_dict(state)
+
+
+def _checked_step(progress: Any, batch_idx: Any) -> tuple[float, int]:
+    """``(progress, batch_idx)`` if ``progress`` is a Python number in [0, 1] and ``batch_idx`` an int >= 0."""
+    if progress is None or batch_idx is None:
+        raise TypeError("select() needs progress= (fraction of training done) and batch_idx=")
+    if isinstance(progress, bool) or not isinstance(progress, (int, float)):
+        raise TypeError(f"progress must be a Python float (fraction of training done), got {progress!r}")
+    check_real(progress, "progress", 0.0, 1.0, hint=_PROGRESS)  # a Python float: no device read
+    return progress, check_int(batch_idx, "batch_idx", 0)
