@@ -114,6 +114,9 @@ def test_proxy_scorer_trains_the_proxy_and_leaves_the_main_model_alone() -> None
         torch.equal(a, b)
         for a, b in zip(fresh_proxy.state_dict().values(), proxy.state_dict().values(), strict=True)
     )
+    pre_release = {k: v for k, v in state["scorer"].items() if k != "calls"}  # a state without its call count
+    with pytest.raises(ValueError, match="ProxyScorer state_dict has no key 'calls'"):
+        other.scorer.load_state_dict(pre_release)
 
 
 def test_proxy_trains_on_its_own_hardest_share_every_nth_batch() -> None:

@@ -14,9 +14,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from leanbatch.checks import check_bool, check_fraction, check_int
+from leanbatch.checks import check_bool, check_fraction, check_int, require
 from leanbatch.selection.layout import batch_size
-from leanbatch.selection.rules import num_selected
+from leanbatch.selection.rules import Draw, TopRule
 from leanbatch.selection.scoring import (
     PerExampleLoss,
     as_per_example_loss,
@@ -89,6 +89,7 @@ class ProxyScorer:
         self.train = train
         self.train_every = check_int(train_every, "train_every", 1)
         self.train_keep = check_fraction(train_keep, "train_keep")
+        self._hardest = TopRule(self.train_keep)  # the proxy's own hardest share
         self.forward_fn = forward_fn or default_forward
         self.steps = 0  # training steps taken
         self.calls = 0  # batches scored
@@ -108,8 +109,9 @@ class ProxyScorer:
             losses = check_losses(self._loss(out, target), n, "loss_fn")
             trained = losses
             if self.train_keep < 1.0:  # the proxy's own hardest share (k is known on the host)
-                k = num_selected(n, self.train_keep)
-                trained = losses.index_select(0, torch.topk(losses.detach(), k, sorted=False).indices)
+                trained = losses.index_select(
+                    0, self._hardest.positions(losses.detach(), Draw(n, losses.device))
+                )
             self.optimizer.zero_grad(set_to_none=True)
             trained.mean().backward()
             self.optimizer.step()
@@ -134,7 +136,7 @@ class ProxyScorer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what :meth:`state_dict` saved."""
+        require(state, ("model", "optimizer", "steps", "calls"), "ProxyScorer state_dict")
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.steps = int(state["steps"])
-        self.calls = int(state.get("calls", self.steps))
+        self.steps, self.calls = int(state["steps"]), int(state["calls"])
