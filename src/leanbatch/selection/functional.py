@@ -30,24 +30,19 @@ from leanbatch.selection.sources import ForwardScores
 __all__ = ["select_using_loss", "selection_losses"]
 
 
-def _leaves(value: Any, path: str) -> Iterator[tuple[str, Any]]:
-    """``(path, leaf)`` of every leaf below a dict value, e.g. ``("X['pixel_values']", tensor)``."""
-    if isinstance(value, Mapping):
-        for k, v in value.items():
-            yield from _leaves(v, f"{path}[{k!r}]")
-    elif isinstance(value, (tuple, list)):
-        for i, v in enumerate(value):
-            yield from _leaves(v, f"{path}[{i}]")
-    else:
-        yield path, value
-
-
-def _values(value: Mapping[Any, Any], path: str) -> Iterator[tuple[str, Any]]:
-    """``(path, value)`` of every value of a dict, nested dicts included."""
-    for k, v in value.items():
-        yield f"{path}[{k!r}]", v
-        if isinstance(v, Mapping):
-            yield from _values(v, f"{path}[{k!r}]")
+def _nodes(value: Any, path: str) -> Iterator[tuple[str, Any]]:
+    """``(path, node)`` of every value below a dict, containers and leaves, e.g. ``("X['ids']", tensor)``."""
+    items = (
+        value.items()
+        if isinstance(value, Mapping)
+        else enumerate(value)
+        if isinstance(value, (tuple, list))
+        else ()
+    )
+    for k, v in items:
+        p = f"{path}[{k!r}]"
+        yield p, v
+        yield from _nodes(v, p)
 
 
 def _check_pair(X: Any, y: Any, scale_factor: float) -> int:
@@ -64,14 +59,15 @@ def _check_pair(X: Any, y: Any, scale_factor: float) -> int:
         if y.dim() == 0 or y.shape[0] < 1:
             raise ValueError(f"y must hold one target per example, got shape {tuple(y.shape)}")
         n = int(y.shape[0])
-        rows = [(p, t) for p, t in _leaves(X, "X") if isinstance(t, Tensor) and t.dim() > 0]
+        nodes = list(_nodes(X, "X"))
+        rows = [(p, t) for p, t in nodes if isinstance(t, Tensor) and t.dim() > 0]
         bad = [f"{p} has {t.shape[0]} rows" for p, t in rows if t.shape[0] != n]
         if not rows or bad:
             raise ValueError(
                 f"every tensor of a dict X must hold one row per example ({n}, the length of y) - it is "
                 f"cut to the selected rows; got {'; '.join(bad) or 'no tensor with a batch dimension'}"
             )
-        lists = [p for p, v in _values(X, "X") if isinstance(v, (list, tuple)) and len(v) == n and n > 1]
+        lists = [p for p, v in nodes if isinstance(v, (list, tuple)) and len(v) == n and n > 1]
         if lists:
             raise ValueError(
                 f"{lists[0]} is a {n}-item list: it looks per-example but only tensors are cut to the "

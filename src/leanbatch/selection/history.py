@@ -170,7 +170,7 @@ class HistoryRule(Rule):
         return self._mask(scores, draw, generator).nonzero().squeeze(1)
 
     def mask(self, scores: Tensor | None, draw: Draw) -> Tensor:
-        return self._mask(scores, draw, self.ready(scores, draw))
+        return self._mask(scores, draw, self._ready(scores, draw))
 
     def _mask(self, scores: Tensor | None, draw: Draw, generator: torch.Generator | None) -> Tensor:
         assert scores is not None and generator is not None

@@ -55,13 +55,8 @@ class ReducibleScores(Source):
         self.runs_model = source.runs_model
 
     def check_batch(self, rows: Rows, loss_fn: Any) -> None:
-        if rows.indices is None:
-            raise ValueError(
-                "RhoLoss subtracts each row's irreducible loss, looked up by dataset index: it needs the "
-                "batch's dataset indices, select(..., indices=dataset_indices)"
-            )
-        check_row_indices(rows.indices, rows.n)
-        self._check_range(rows.indices)
+        why = "RhoLoss subtracts each row's irreducible loss, looked up by dataset index"
+        self._check_range(check_row_indices(rows, why))
         self.source.check_batch(rows, loss_fn)
 
     def _check_range(self, indices: Tensor) -> None:

@@ -94,10 +94,10 @@ def _losses(losses: Any) -> Tensor:
     )
 
 
-def _setup(losses: Any, keep: float, generator: Any) -> tuple[Tensor, float, int, torch.Generator]:
-    """The checked losses, ``keep``, ``k`` and the generator of a weighted draw."""
-    losses, keep = _losses(losses), check_fraction(keep, "keep")
-    return losses, keep, _count(losses.shape[0], keep), resolve_generator(generator, losses.device)
+def _draw(losses: Any, generator: Any) -> tuple[Tensor, Draw, torch.Generator]:
+    """Checked ``losses``, their :class:`Draw` and ``generator`` (checked) or the device's stream."""
+    losses = _losses(losses)
+    return losses, Draw(losses.shape[0], losses.device), resolve_generator(generator, losses.device)
 
 
 def rank_weights(n: int, keep: float) -> Tensor:
@@ -110,15 +110,6 @@ def rank_weights(n: int, keep: float) -> Tensor:
     keep, n = check_fraction(keep, "keep"), _rows(n)
     w = ((torch.arange(n, dtype=torch.float64) + 0.5) / n) ** (1.0 / keep - 1.0)
     return w / w.sum()
-
-
-def _rank_draw(losses: Tensor, k: int, keep: float, gen: torch.Generator) -> Tensor:
-    n = losses.shape[0]
-    if k >= n:
-        return torch.arange(n, device=losses.device)
-    order = torch.argsort(losses.detach(), stable=True)  # rank position -> batch position
-    pos = (torch.arange(n, device=losses.device, dtype=torch.float32) + 0.5) / n
-    return gumbel_top_k(order, torch.log(pos) * (1.0 / keep - 1.0), k, gen)
 
 
 def select_indices(losses: Tensor, keep: float, generator: torch.Generator | None = None) -> Tensor:
@@ -134,15 +125,8 @@ def select_indices(losses: Tensor, keep: float, generator: torch.Generator | Non
         >>> select_indices(losses, keep=1.0).tolist()  # keep=1 keeps everything
         [0, 1, 2, 3, 4, 5]
     """
-    losses, keep, k, gen = _setup(losses, keep, generator)
-    return _rank_draw(losses, k, keep, gen)
-
-
-def _hardest(losses: Tensor, k: int) -> Tensor:
-    if k >= losses.shape[0]:
-        return torch.arange(losses.shape[0], device=losses.device)
-    hard = torch.nan_to_num(losses.detach().float(), nan=float("inf"))
-    return torch.sort(torch.topk(hard, k, sorted=False).indices).values
+    losses, draw, gen = _draw(losses, generator)
+    return RankRule(keep).drawn(losses, draw, gen)
 
 
 def select_hardest(losses: Tensor, keep: float) -> Tensor:
@@ -154,14 +138,7 @@ def select_hardest(losses: Tensor, keep: float) -> Tensor:
         [1, 3]
     """
     losses = _losses(losses)
-    return _hardest(losses, num_selected(losses.shape[0], keep))
-
-
-def _uniform(n: int, k: int, gen: torch.Generator, device: torch.device) -> Tensor:
-    if k >= n:
-        return torch.arange(n, device=device)
-    u = torch.rand(n, generator=gen, device=device)
-    return torch.sort(torch.topk(u, k, sorted=False).indices).values
+    return TopRule(keep).drawn(losses, Draw(losses.shape[0], losses.device), None)
 
 
 def select_uniform(
@@ -174,8 +151,8 @@ def select_uniform(
         >>> select_uniform(8, 0.5, torch.Generator().manual_seed(0)).shape, select_uniform(3, 1.0).tolist()
         (torch.Size([4]), [0, 1, 2])
     """
-    k, dev = num_selected(n, keep), torch.device(device)
-    return _uniform(n, k, resolve_generator(generator, dev), dev)
+    rule, dev = UniformRule(keep), torch.device(device)
+    return rule.drawn(None, Draw(_rows(n), dev), resolve_generator(generator, dev))
 
 
 def loss_rank_weights(n: int, pressure: float) -> Tensor:
@@ -206,8 +183,8 @@ def select_by_loss_rank(
         [1, 3]
     """
     pressure = check_pressure(pressure)
-    losses, _, k, gen = _setup(losses, keep, generator)
-    return loss_rank_draw(losses, k, pressure, gen)
+    losses, draw, gen = _draw(losses, generator)
+    return LossRankRule(keep, pressure).drawn(losses, draw, gen)
 
 
 class Draw(NamedTuple):
@@ -232,7 +209,7 @@ class Rule:
     ``random`` (it needs the draw's generator), ``needs_scores`` (else no source is read).
 
     Its arguments are checked when it is built; the scores and the draw's generator once per
-    batch shape, dtype and device (:meth:`check`), not at every draw. A new rule implements
+    batch shape, dtype and device, not at every draw. A new rule implements
     :meth:`drawn` (or overrides :meth:`positions`).
 
     Example:
@@ -246,52 +223,27 @@ class Rule:
     needs_scores = True
     _checked: tuple[Any, ...] = ()  # the (n, shape, dtype, device) of the scores last checked
 
-    def check(self, scores: Tensor | None, draw: Draw) -> None:
-        """Raise unless ``scores`` holds one real score per row of ``draw`` and the draw's generator
-        is on their device; a no-op for the shape, dtype and device last checked.
-
-        Example:
-            >>> import torch
-            >>> try:
-            ...     RankRule(0.5).check(torch.rand(3, 2), Draw(3, torch.device("cpu")))
-            ... except ValueError as e:
-            ...     print(str(e).split(":")[0])
-            losses must have shape (batch,), got (3, 2)
-        """
-        shape = None if scores is None else (scores.shape, scores.dtype, scores.device)
-        key = (draw.n, draw.device, shape)
-        if key == self._checked:
-            return
-        device = draw.device
-        if scores is not None:
-            device = _losses(scores).device
-            if scores.shape[0] != _rows(draw.n):
-                raise ValueError(f"scores must hold one score per row ({draw.n}), got {scores.shape[0]}")
-        _rows(draw.n)
-        if draw.generator is not None:
-            resolve_generator(draw.generator, device)
-        self._checked = key
-
     def positions(self, scores: Tensor | None, draw: Draw) -> Tensor:
         """Positions (int64, ascending) of the rows to keep, on the scores' device (or ``draw.device``)."""
-        return self.drawn(scores, draw, self.ready(scores, draw))
+        return self.drawn(scores, draw, self._ready(scores, draw))
 
-    def ready(self, scores: Tensor | None, draw: Draw) -> torch.Generator | None:
-        """:meth:`check`, then the generator to draw from (without one in ``draw``: the module's
-        stream of the device, :func:`seed_selection`; ``None`` for a rule that does not draw).
-
-        Example:
-            >>> import torch
-            >>> TopRule(0.5).ready(torch.rand(4), Draw(4, torch.device("cpu"))) is None
-            True
-        """
-        self.check(scores, draw)
+    def _ready(self, scores: Tensor | None, draw: Draw) -> torch.Generator | None:
+        """Check ``scores`` (one real score per row) and ``draw`` once per batch shape, dtype and
+        device; the generator to draw from (by default the device's stream, :func:`seed_selection`)."""
+        key = (draw.n, draw.device, None if scores is None else (scores.shape, scores.dtype, scores.device))
+        if key != self._checked:
+            device = draw.device if scores is None else _losses(scores).device
+            if _rows(draw.n) and scores is not None and scores.shape[0] != draw.n:
+                raise ValueError(f"scores must hold one score per row ({draw.n}), got {scores.shape[0]}")
+            if draw.generator is not None:
+                resolve_generator(draw.generator, device)
+            self._checked = key
         if draw.generator is not None or not self.random:
             return draw.generator
         return _DEFAULT.stream(draw.device if scores is None else scores.device)
 
     def drawn(self, scores: Tensor | None, draw: Draw, generator: torch.Generator | None) -> Tensor:
-        """:meth:`positions` of checked scores, with the generator to draw from (:meth:`ready`)."""
+        """:meth:`positions` of checked scores, with the generator to draw from."""
         raise NotImplementedError
 
     def num_kept(self, n: int) -> int | None:
@@ -339,7 +291,12 @@ class RankRule(Rule):
 
     def drawn(self, scores: Tensor | None, draw: Draw, generator: torch.Generator | None) -> Tensor:
         assert scores is not None and generator is not None  # a scoring rule always has a source
-        return _rank_draw(scores, _count(draw.n, self.keep), self.keep, generator)
+        n, k = draw.n, _count(draw.n, self.keep)
+        if k >= n:
+            return torch.arange(n, device=scores.device)
+        order = torch.argsort(scores.detach(), stable=True)  # rank position -> batch position
+        pos = (torch.arange(n, device=scores.device, dtype=torch.float32) + 0.5) / n
+        return gumbel_top_k(order, torch.log(pos) * (1.0 / self.keep - 1.0), k, generator)
 
 
 class TopRule(RankRule):
@@ -356,7 +313,11 @@ class TopRule(RankRule):
 
     def drawn(self, scores: Tensor | None, draw: Draw, generator: torch.Generator | None) -> Tensor:
         assert scores is not None
-        return _hardest(scores, _count(draw.n, self.keep))
+        n, k = draw.n, _count(draw.n, self.keep)
+        if k >= n:
+            return torch.arange(n, device=scores.device)
+        hard = torch.nan_to_num(scores.detach().float(), nan=float("inf"))
+        return torch.sort(torch.topk(hard, k, sorted=False).indices).values
 
 
 class UniformRule(RankRule):
@@ -373,7 +334,11 @@ class UniformRule(RankRule):
 
     def drawn(self, scores: Tensor | None, draw: Draw, generator: torch.Generator | None) -> Tensor:
         assert generator is not None
-        return _uniform(draw.n, _count(draw.n, self.keep), generator, draw.device)
+        n, k = draw.n, _count(draw.n, self.keep)
+        if k >= n:
+            return torch.arange(n, device=draw.device)
+        u = torch.rand(n, generator=generator, device=draw.device)
+        return torch.sort(torch.topk(u, k, sorted=False).indices).values
 
 
 class LossRankRule(RankRule):

@@ -223,12 +223,7 @@ class MemoryScores(Source):
         return torch.nan_to_num(self.table.get(indices), nan=float("inf"))
 
     def check_batch(self, rows: Rows, loss_fn: Any) -> None:
-        if rows.indices is None:
-            raise ValueError(
-                f"{self.method} ranks rows by the last trained loss of their dataset index: it needs "
-                "the batch's dataset indices, select(..., indices=dataset_indices)"
-            )
-        check_row_indices(rows.indices, rows.n)
+        check_row_indices(rows, f"{self.method} ranks rows by the last trained loss of their dataset index")
 
     def scores(self, rows: Rows, model: Any, loss_fn: Any, stats: SelectionStats) -> Tensor:
         assert rows.indices is not None  # check_batch ran
@@ -252,15 +247,22 @@ def _take(rows: Rows, at: Tensor) -> Rows:
     return Rows(None, inputs, target, int(at.shape[0]), rows.device)
 
 
-def check_row_indices(indices: Any, n: int) -> None:
-    """Raise ``ValueError`` unless ``indices`` is a tensor of one dataset index per row, shape ``(n,)``.
+def check_row_indices(rows: Rows, why: str) -> Tensor:
+    """The batch's dataset indices, a tensor of shape ``(rows.n,)``; ``ValueError`` saying ``why``
+    they are needed when they are missing.
 
     Example:
-        >>> check_row_indices(torch.arange(3), 3)
+        >>> from leanbatch.selection.layout import read_rows
+        >>> check_row_indices(read_rows(torch.zeros(3), None, torch.arange(3)), "memory").tolist()
+        [0, 1, 2]
     """
+    indices, n = rows.indices, rows.n
+    if indices is None:
+        raise ValueError(f"{why}: it needs the batch's dataset indices, select(..., indices=dataset_indices)")
     if not isinstance(indices, Tensor) or tuple(indices.shape) != (n,):
         shape = tuple(indices.shape) if isinstance(indices, Tensor) else type(indices).__name__
         raise ValueError(f"indices must be a tensor of shape ({n},) (one per example), got {shape}")
+    return indices
 
 
 class StaleScores(MemoryScores):
@@ -316,7 +318,7 @@ class StaleScores(MemoryScores):
             raise ValueError(
                 "Stale-SB (staleness >= 2) needs select(..., indices=dataset_indices, epoch=epoch)"
             )
-        check_row_indices(rows.indices, rows.n)
+        check_row_indices(rows, "Stale-SB")
         if self.source is not None:
             self.source.check_batch(rows, loss_fn)
 
