@@ -10,7 +10,7 @@ keeps the chosen rows that fall in its own slice ``[rank * n, (rank + 1) * n)``.
 
 - **Counts vary.** Each rank keeps as many rows as the choice gives it (a fixed-count rule's
   sum to ``max(1, int(keep * W * n))``). Turning the choice into this rank's rows reads the ``W``
-  per-rank counts from the device once per step (:func:`pick`): a tensor's length is host
+  per-rank counts from the device once per step (:meth:`Scope.choose`): a tensor's length is host
   metadata, and how many of its rows were chosen depends on every rank's scores, so that one
   small read cannot be avoided. It is the only one (the history rule's own is folded into it).
 - **An empty rank trains one row with weight 0.** A rank the choice leaves empty trains its
@@ -33,14 +33,14 @@ keeps the chosen rows that fall in its own slice ``[rank * n, (rank + 1) * n)``.
   the same draws.
 
 Example:
-    >>> group_size("global", None), check_scope("local")  # no process group here: local selection
+    >>> Scope("global").world, Scope("local").name  # no process group here: local selection
     (1, 'local')
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -51,33 +51,12 @@ from leanbatch.ranks import is_distributed, process_rank, world_size
 from leanbatch.rng import Generators
 from leanbatch.selection.rules import Draw, Rule
 
-__all__ = ["SCOPES", "Pick", "Scope", "check_scope", "check_sizes", "gather", "group_size", "pick"]
+__all__ = ["SCOPES", "Scope", "check_sizes", "gather"]
 
 SCOPES = ("local", "global")
 _HINT = "'local' selects within each rank's batch, 'global' over the whole step's batch of the group"
 # all_gather_into_tensor is deprecated from PyTorch 2.13 in favour of all_gather_single
 _ALL_GATHER: Callable[..., Any] = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-
-
-def check_scope(scope: object) -> str:
-    """``scope`` if it is ``"local"`` or ``"global"``; ``ValueError`` otherwise.
-
-    Example:
-        >>> check_scope("global")
-        'global'
-    """
-    return str(check_choice(scope, "scope", SCOPES, _HINT))
-
-
-def group_size(scope: str, group: Any = None) -> int:
-    """How many ranks one choice spans: the size of ``group`` (default: the world) under
-    ``scope="global"`` in an initialised group of more than one process, else 1 (host-side only).
-
-    Example:
-        >>> group_size("global"), group_size("local")
-        (1, 1)
-    """
-    return world_size(group) if scope == "global" and is_distributed(group) else 1
 
 
 def gather(tensor: Tensor, group: Any = None) -> Tensor:
@@ -113,53 +92,6 @@ def check_sizes(n: int, device: torch.device, group: Any = None) -> None:
         )
 
 
-class Pick(NamedTuple):
-    """This rank's share of a global choice.
-
-    Attributes:
-        positions: int64 positions of the rows this rank trains, ascending, on the scores' device.
-        chosen: how many of them the choice chose (0: ``positions`` is the filler row, or empty
-            when the choice chose nobody at all).
-        total: rows chosen over the whole group (``K``).
-
-    Example:
-        >>> import torch
-        >>> Pick(torch.tensor([3]), 0, 4).chosen
-        0
-    """
-
-    positions: Tensor
-    chosen: int
-    total: int
-
-
-def pick(rule: Rule, scores: Tensor | None, draw: Draw, group: Any = None) -> Pick:
-    """One choice of ``rule`` over the whole step's rows of ``group``; this rank's rows of it.
-
-    ``scores``: this rank's ``draw.n`` scores (``None`` for a rule that reads none); ``draw``:
-    this rank's, with the generator every rank seeded alike. Every rank must call it at the same
-    step with the same ``draw.n``. The per-rank counts are read once (see the module).
-
-    Example:
-        >>> import torch
-        >>> from leanbatch.selection.rules import TopRule
-        >>> pick(TopRule(0.5), torch.tensor([0.3, 0.9, 0.1, 0.5]), Draw(4, torch.device("cpu"))).positions.tolist()
-        [1, 3]
-    """
-    w, n = world_size(group) if is_distributed(group) else 1, draw.n
-    r = process_rank(group) if w > 1 else 0
-    gathered = None if scores is None else gather(scores.detach().to(torch.float32), group)
-    mask = rule.mask(gathered, draw._replace(n=w * n))
-    counts: list[int] = mask.view(w, n).sum(1).tolist()  # the one read: how many rows each rank keeps
-    chosen, total = counts[r], sum(counts)
-    if chosen or not total:  # nobody at all only when the draw may keep nobody (iterate): all skip
-        mine = torch.nonzero_static(mask[r * n : (r + 1) * n], size=chosen).squeeze(1)
-        return Pick(mine, chosen, total)
-    if scores is None:  # the uniform rule reads no scores: its first row
-        return Pick(torch.zeros(1, dtype=torch.int64, device=mask.device), 0, total)
-    return Pick(torch.argmax(scores.detach()).view(1), 0, total)  # its hardest row (NaN counts as hardest)
-
-
 class Scope:
     """Where a selector makes its choice: ``"local"`` (each rank's batch) or ``"global"`` (the
     whole step's batch of ``group``, default the world); it draws and weighs the trained rows.
@@ -174,7 +106,7 @@ class Scope:
     """
 
     def __init__(self, scope: str = "local", group: Any = None):
-        self.name, self.group = check_scope(scope), group
+        self.name, self.group = str(check_choice(scope, "scope", SCOPES, _HINT)), group
         self._sizes_checked = False  # global: equal batch sizes, checked at the first global draw
         self._loss_scale: float | None = None  # None: the mean; global: W / K (0 for a filler row)
         self._trained = 0  # rows of the batch last returned
@@ -189,8 +121,9 @@ class Scope:
 
     @property
     def world(self) -> int:
-        """How many ranks one choice spans (:func:`group_size`; 1: local selection)."""
-        return group_size(self.name, self.group)
+        """How many ranks one choice spans: the size of the group under ``"global"`` in an
+        initialised group of more than one process, else 1 (host-side only)."""
+        return world_size(self.group) if self.name == "global" and is_distributed(self.group) else 1
 
     def returned(self, n: int) -> None:
         """A batch of ``n`` rows is handed back as loaded (no selection: ``step_loss`` is the mean)."""
@@ -202,8 +135,8 @@ class Scope:
         """The positions of this rank's rows to train at draw ``t`` and how many of them ``rule``
         chose (the rest: the filler row). ``draw``: this rank's, its generator unset.
         """
-        world = self.world
-        if world == 1:  # local selection: draw t of this rank, as ever
+        w = self.world
+        if w == 1:  # local selection: draw t of this rank, as ever
             gen = generators.get(draw.device, t) if rule.random else None
             positions = rule.positions(scores, draw._replace(generator=gen))
             self._trained = int(positions.shape[0])
@@ -212,10 +145,24 @@ class Scope:
             check_sizes(draw.n, draw.device, self.group)
             self._sizes_checked = True
         gen = generators.shared(draw.device, t) if rule.random else None
-        mine = pick(rule, scores, draw._replace(generator=gen), self.group)
-        self._loss_scale = world / mine.total if mine.chosen else 0.0
-        self._trained = int(mine.positions.shape[0])
-        return mine.positions, mine.chosen
+        positions, chosen, total = self._pick(rule, scores, draw._replace(generator=gen), w)
+        self._loss_scale = w / total if chosen else 0.0
+        self._trained = int(positions.shape[0])
+        return positions, chosen
+
+    def _pick(self, rule: Rule, scores: Tensor | None, draw: Draw, w: int) -> tuple[Tensor, int, int]:
+        """One choice over the ``w * draw.n`` rows of the group: this rank's positions, how many of
+        them were chosen (0: the filler row, or none when nobody at all was) and the group's total."""
+        n, r = draw.n, process_rank(self.group)
+        gathered = None if scores is None else gather(scores.detach().to(torch.float32), self.group)
+        mask = rule.mask(gathered, draw._replace(n=w * n))
+        counts: list[int] = mask.view(w, n).sum(1).tolist()  # the one read: how many rows each rank keeps
+        chosen, total = counts[r], sum(counts)
+        if chosen or not total:  # nobody at all only when the draw may keep nobody (iterate): all skip
+            return torch.nonzero_static(mask[r * n : (r + 1) * n], size=chosen).squeeze(1), chosen, total
+        if scores is None:  # the uniform rule reads no scores: its first row
+            return torch.zeros(1, dtype=torch.int64, device=mask.device), 0, total
+        return torch.argmax(scores.detach()).view(1), 0, total  # its hardest row (NaN counts as hardest)
 
     def step_loss(self, losses: Tensor) -> Tensor:
         """The loss to backpropagate from the per-row losses of the rows last returned: their mean;
