@@ -192,15 +192,7 @@ class Selector:
             >>> sel.select(torch.zeros(8, 2), progress=0.1, batch_idx=0).positions is None  # before the window
             True
         """
-        if (
-            type(progress) is not float
-            or type(batch_idx) is not int
-            or not 0.0 <= progress <= 1.0
-            or batch_idx < 0
-        ):
-            progress, batch_idx = _checked_step(
-                progress, batch_idx
-            )  # the error; a float or int subclass passes
+        progress, batch_idx = _step(progress, batch_idx)
         return self._select(batch, model, loss_fn, progress, batch_idx, indices, epoch, True)
 
     def _select(
@@ -404,8 +396,10 @@ class Selector:
                 part.load_state_dict(state)
 
 
-def _checked_step(progress: Any, batch_idx: Any) -> tuple[float, int]:
+def _step(progress: Any, batch_idx: Any) -> tuple[float, int]:
     """``(progress, batch_idx)`` if ``progress`` is a Python number in [0, 1] and ``batch_idx`` an int >= 0."""
+    if type(progress) is float and type(batch_idx) is int and 0.0 <= progress <= 1.0 and batch_idx >= 0:
+        return progress, batch_idx  # the usual call: nothing more to check
     if progress is None or batch_idx is None:
         raise TypeError("select() needs progress= (fraction of training done) and batch_idx=")
     if isinstance(progress, bool) or not isinstance(progress, (int, float)):

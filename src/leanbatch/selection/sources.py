@@ -293,32 +293,37 @@ class StaleScores(MemoryScores):
         self.runs_model = source is not None and source.runs_model
         self.scored_epoch = torch.full((self.num_samples,), _NEVER, dtype=torch.int64)
 
-    def _stamps(self, indices: Tensor) -> Tensor:
+    def _check(self, indices: Any) -> Tensor:
         if not isinstance(indices, Tensor) or indices.dim() != 1 or indices.is_floating_point():
             raise TypeError("indices must be a 1-D integer tensor of dataset indices")
+        self.table.check_indices(indices)
         if indices.device != self.scored_epoch.device:  # follow the indices (normally the CPU)
             self.scored_epoch = self.scored_epoch.to(indices.device)
-        self.table.check_indices(indices)
-        return self.scored_epoch
+        return indices
 
     def fresh(self, indices: Tensor, epoch: int) -> Tensor:
         """Bool mask: which ``indices`` hold a loss measured less than ``staleness`` epochs ago."""
-        age = check_int(epoch, "epoch", 0) - self._stamps(indices)[indices.long()]
+        return self._fresh(self._check(indices), check_int(epoch, "epoch", 0))
+
+    def _fresh(self, indices: Tensor, epoch: int) -> Tensor:
+        age = epoch - self.scored_epoch[indices.long()]
         return (age >= 0) & (age < self.staleness)
 
     def record(self, indices: Tensor, losses: Tensor, epoch: int = 0) -> None:
         """Store ``losses`` of ``indices`` as measured in ``epoch`` (stamped without reading them)."""
-        check_int(epoch, "epoch", 0)
-        stamps = self._stamps(indices)
+        self._record(self._check(indices), losses, check_int(epoch, "epoch", 0))
+
+    def _record(self, indices: Tensor, losses: Tensor, epoch: int) -> None:
         self.table.update(indices, losses)
-        stamps.index_fill_(0, indices.long(), epoch)
+        self.scored_epoch.index_fill_(0, indices.long(), epoch)
 
     def check_batch(self, rows: Rows, loss_fn: Any) -> None:
         if rows.indices is None or rows.epoch is None:
             raise ValueError(
                 "Stale-SB (staleness >= 2) needs select(..., indices=dataset_indices, epoch=epoch)"
             )
-        check_row_indices(rows, "Stale-SB")
+        self._check(check_row_indices(rows, "Stale-SB"))
+        check_int(rows.epoch, "epoch", 0)
         if self.source is not None:
             self.source.check_batch(rows, loss_fn)
 
@@ -329,11 +334,13 @@ class StaleScores(MemoryScores):
     def scores(self, rows: Rows, model: Any, loss_fn: Any, stats: SelectionStats) -> Tensor:
         assert rows.indices is not None and rows.epoch is not None and self.source is not None
         n, idx = rows.n, rows.indices
-        todo = (~self.fresh(idx, rows.epoch)).nonzero().squeeze(1)  # no device read for CPU indices
+        todo = (~self._fresh(idx, rows.epoch)).nonzero().squeeze(1)  # checked indices: no device read on CPU
         n_todo = int(todo.shape[0])
         if n_todo:
             sub = rows if n_todo == n else _take(rows, todo.to(rows.device, non_blocking=True))
-            self.record(idx.index_select(0, todo), self.source.scores(sub, model, loss_fn, stats), rows.epoch)
+            self._record(
+                idx.index_select(0, todo), self.source.scores(sub, model, loss_fn, stats), rows.epoch
+            )
         stats.reused += n - n_todo
         return self.losses(idx).to(rows.device, non_blocking=True)
 
