@@ -34,11 +34,7 @@ def is_batch(batch: Any) -> bool:
 def _rebuild_sequence(template: Sequence[Any], items: list[Any]) -> Any:
     if isinstance(template, tuple) and hasattr(template, "_fields"):  # namedtuple
         return type(template)(*items)
-    if isinstance(template, tuple):
-        return tuple(items)
-    if isinstance(template, list):
-        return items
-    return items
+    return tuple(items) if isinstance(template, tuple) else items
 
 
 def _rebuild_mapping(template: Mapping[Any, Any], items: dict[Any, Any]) -> Any:

@@ -61,12 +61,10 @@ class LossHistory:
         self.values = torch.full((self.size,), float("nan"), dtype=torch.float32, device=dev)
         self._next = 0  # host-side write position: batch sizes are known on the host
 
-    def _own(self, losses: Tensor) -> Tensor:
-        """Checked ``losses`` as float32 on the buffer's device (which follows them if it may)."""
-        return self._adopt(check_per_sample_loss(losses, "losses"))
-
-    def _adopt(self, losses: Tensor) -> Tensor:
-        """:meth:`_own` of checked losses."""
+    def _own(self, losses: Tensor, check: bool = True) -> Tensor:
+        """``losses`` (checked, unless a rule did) as float32 on the buffer's device (which follows them)."""
+        if check:
+            losses = check_per_sample_loss(losses, "losses")
         if self._follow and losses.device != self.values.device:
             self.values = self.values.to(losses.device)
         return losses.detach().to(self.values.device, torch.float32)
@@ -174,7 +172,7 @@ class HistoryRule(Rule):
 
     def _mask(self, scores: Tensor | None, draw: Draw, generator: torch.Generator | None) -> Tensor:
         assert scores is not None and generator is not None
-        return self.history._sample(self.history._adopt(scores), generator, draw.at_least_one)
+        return self.history._sample(self.history._own(scores, check=False), generator, draw.at_least_one)
 
     def state_dict(self) -> dict[str, Any]:
         """``{"history": the ring buffer's state}``."""
