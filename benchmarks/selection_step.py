@@ -64,14 +64,8 @@ def steps() -> dict[str, Callable[[int], None]]:
     from leanbatch.selection import RhoLoss
 
     g = torch.Generator().manual_seed(0)
-    batches = [
-        (
-            torch.randn(B, 4, generator=g),
-            torch.randint(0, 3, (B,), generator=g),
-            torch.randperm(N, generator=g)[:B],
-        )
-        for _ in range(8)
-    ]
+    xs, ys = torch.randn(8, B, 4, generator=g), torch.randint(0, 3, (8, B), generator=g)
+    batches = [(xs[t], ys[t], torch.randperm(N, generator=g)[:B]) for t in range(8)]
     model = torch.nn.Linear(4, 3)
     obs = OnlineBatchSelection(num_samples=N, keep=0.5, pressure=100.0, final_pressure=1.0, seed=0)
     sb = SelectiveBackprop(start=0.0, end=1.0, keep=0.5, scale_factor=1.0, interrupt=0, seed=0)

@@ -60,20 +60,22 @@ class LossHistory:
         dev = torch.device("cpu") if device is None else torch.device(device)
         self.values = torch.full((self.size,), float("nan"), dtype=torch.float32, device=dev)
         self._next = 0  # host-side write position: batch sizes are known on the host
+        self._checked: tuple[Any, ...] | None = None  # the losses' shape, dtype and device last checked
 
-    def _own(self, losses: Tensor, check: bool = True) -> Tensor:
-        """``losses`` (checked, unless a rule did) as float32 on the buffer's device (which follows them)."""
-        if check:
-            losses = check_per_sample_loss(losses, "losses")
+    def _own(self, losses: Tensor) -> Tensor:
+        """``losses`` as float32 on the buffer's device (which follows them if it may); checked once
+        per shape, dtype and device (a sampling step reads them twice, a rule's every step)."""
+        key = (losses.shape, losses.dtype, losses.device) if isinstance(losses, Tensor) else None
+        if key is None or key != self._checked:
+            check_per_sample_loss(losses, "losses")
+            self._checked = key
         if self._follow and losses.device != self.values.device:
             self.values = self.values.to(losses.device)
         return losses.detach().to(self.values.device, torch.float32)
 
     def push(self, losses: Tensor) -> None:
         """Remember ``losses`` (overwriting the oldest); non-finite ones are not remembered."""
-        self._push(self._own(losses))
-
-    def _push(self, new: Tensor) -> None:
+        new = self._own(losses)
         new = torch.where(torch.isfinite(new), new, torch.full_like(new, float("nan")))
         n = new.shape[0]
         if n >= self.size:
@@ -86,9 +88,7 @@ class LossHistory:
 
     def percentile(self, losses: Tensor) -> Tensor:
         """Percentile rank in [0, 1] of each loss among the remembered losses (ties count half)."""
-        return self._percentile(self._own(losses))
-
-    def _percentile(self, x: Tensor) -> Tensor:
+        x = self._own(losses)
         valid = ~torch.isnan(self.values)
         n_valid = valid.sum()
         ordered = torch.sort(torch.where(valid, self.values, torch.full_like(self.values, math.inf))).values
@@ -101,10 +101,7 @@ class LossHistory:
 
     def probabilities(self, losses: Tensor) -> Tensor:
         """Selection probability ``max(min_probability, percentile ** beta)`` of each loss."""
-        return self._probabilities(self._own(losses))
-
-    def _probabilities(self, x: Tensor) -> Tensor:
-        return self._percentile(x).pow(self.beta).clamp_min(self.min_probability)
+        return self.percentile(losses).pow(self.beta).clamp_min(self.min_probability)
 
     def sample(
         self, losses: Tensor, generator: torch.Generator | None = None, at_least_one: bool = True
@@ -115,13 +112,9 @@ class LossHistory:
         draw selects none, so a training step never gets an empty batch. The draw
         is on the device (no sync); only turning the mask into positions reads.
         """
-        x = self._own(losses)
-        return self._sample(x, resolve_generator(generator, x.device), at_least_one)
-
-    def _sample(self, x: Tensor, gen: torch.Generator, at_least_one: bool) -> Tensor:
-        """:meth:`sample` of float32 losses on the buffer's device."""
-        self._push(x)
-        probs = self._probabilities(x)
+        self.push(losses)
+        probs = self.probabilities(losses)
+        gen = resolve_generator(generator, probs.device)
         mask = torch.rand(probs.shape, generator=gen, device=probs.device) < probs
         if at_least_one:
             fallback = torch.zeros_like(mask).index_fill_(0, probs.argmax().view(1), True)
@@ -165,14 +158,12 @@ class HistoryRule(Rule):
 
     def drawn(self, scores: Tensor | None, draw: Draw, generator: torch.Generator | None) -> Tensor:
         # reads the count: the one sync of selection, this rule's own
-        return self._mask(scores, draw, generator).nonzero().squeeze(1)
+        assert scores is not None
+        return self.history.sample(scores, generator, at_least_one=draw.at_least_one).nonzero().squeeze(1)
 
     def mask(self, scores: Tensor | None, draw: Draw) -> Tensor:
-        return self._mask(scores, draw, self._ready(scores, draw))
-
-    def _mask(self, scores: Tensor | None, draw: Draw, generator: torch.Generator | None) -> Tensor:
-        assert scores is not None and generator is not None
-        return self.history._sample(self.history._own(scores, check=False), generator, draw.at_least_one)
+        assert scores is not None
+        return self.history.sample(scores, self._ready(scores, draw), at_least_one=draw.at_least_one)
 
     def state_dict(self) -> dict[str, Any]:
         """``{"history": the ring buffer's state}``."""
