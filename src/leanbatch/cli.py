@@ -39,7 +39,7 @@ def run_report(args: argparse.Namespace) -> int:
     )
     from leanbatch.engine.judging.parts import merge_results, rebuild
     from leanbatch.engine.judging.plots import PLOT_NAMES
-    from leanbatch.engine.judging.report import publish
+    from leanbatch.engine.judging.report import closing, publish
 
     sources = [results_file(Path(r)) for r in args.results]
     if len(sources) > 1 and not args.out:
@@ -67,7 +67,7 @@ def run_report(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise CLIError(str(e)) from None
     written = publish(payload, out / "results.json", None if args.no_plots else out)
-    print(f"\nwrote {', '.join(str(p) for p in written)}")
+    print(closing(payload, written, args.tables))
     return 0
 
 
