@@ -110,7 +110,7 @@ def _zoom(ax: Any, curves: list[list[float]], marks: list[float]) -> None:
 def _metric_plot(
     plt: Any, payload: dict[str, Any], groups: dict[str, Any], label: str, title: str, path: Path
 ) -> Path:
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(9, 4.5))
     costs, curves = _cost_curves(payload), []
     for k, (name, runs) in enumerate(groups.items()):
         style = {"ls": "--", "lw": 0.9, "ms": 2} if _is_budget(runs) else {"ms": 3}
@@ -124,7 +124,9 @@ def _metric_plot(
         ax.axhspan(base["target"], base["metric_mean"], color="grey", alpha=0.12, lw=0)
         marks = [base["target"], base["metric_mean"]]
     _zoom(ax, curves, marks)
-    _label(ax, clock_axis(payload["config"].get("clock", "work"))[1], label, f"{label} vs cost: {title}")
+    _label(
+        ax, clock_axis(payload["config"].get("clock", "work"))[1], label, f"{label} vs cost: {title}", True
+    )
     return _save(fig, path)
 
 
@@ -159,7 +161,7 @@ def _kept_plot(plt: Any, groups: dict[str, Any], title: str, path: Path) -> Path
 
 def _histogram_plot(plt: Any, run: dict[str, Any], path: Path) -> Path:
     hists = run["histograms"]
-    fig, axes = plt.subplots(1, len(hists), figsize=(4 * len(hists), 3.6), squeeze=False)
+    fig, axes = plt.subplots(1, len(hists), figsize=(max(6.5, 4 * len(hists)), 3.6), squeeze=False)
     for ax, h in zip(axes[0], hists, strict=True):
         ax.stairs(h["counts"], h["edges"], fill=True, alpha=0.6)
         ax.set_xscale("log")
@@ -173,7 +175,7 @@ def _histogram_plot(plt: Any, run: dict[str, Any], path: Path) -> Path:
             ax.set_title(f"epoch {h['epoch']}", fontsize=10)
         ax.set_xlabel("per-sample loss (score)")
     axes[0][0].set_ylabel("samples")
-    fig.suptitle(f"{run['method']} (seed {run['seed']}): scores the epoch was planned from")
+    fig.suptitle(f"{run['method']} (seed {run['seed']}): scores the epoch was planned from", fontsize=10)
     return _save(fig, path)
 
 
@@ -225,12 +227,13 @@ def _equal_time_plot(plt: Any, section: dict[str, Any], label: str, title: str, 
     return _save(fig, path)
 
 
-def _label(ax: Any, xlabel: str, ylabel: str, title: str) -> None:
+def _label(ax: Any, xlabel: str, ylabel: str, title: str, outside: bool = False) -> None:
+    """Axis labels, title, grid and legend (``outside``: right of the axes, where no line runs)."""
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, **({"loc": "upper left", "bbox_to_anchor": (1.01, 1.0)} if outside else {}))
 
 
 def _save(fig: Any, path: Path) -> Path:

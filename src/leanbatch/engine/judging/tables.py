@@ -109,6 +109,13 @@ def _diff(row: dict[str, Any] | None) -> str:
     return _verdict(row) if spread == "-" else f"{spread} {row['verdict']}"
 
 
+def _judged(row: dict[str, Any]) -> str:
+    """``+0.12 ± 0.3: on (within noise)``: a comparison's difference (kept on one line when wrapped:
+    no-break spaces around ``±``), then its verdict."""
+    spread = _spread(row).replace(" ± ", "\u00a0±\u00a0")
+    return _verdict(row) if spread == "-" else f"{spread}: {_verdict(row)}"
+
+
 def _ci(row: dict[str, Any]) -> str:
     return "-" if row["ci_low"] is None else f"[{row['ci_low']:+.3g}, {row['ci_high']:+.3g}]"
 
@@ -197,13 +204,13 @@ def format_brief(payload: dict[str, Any], width: int = 100, where: str = "") -> 
         e, t = env.get(row["method"]), twins.get(row["method"])
         verdict = overall(None if e is None else e["verdict"], None if t is None else t["verdict"])
         figures = [
-            f"{_saved(row['cost_ratio_vs_baseline'])} of the {saved} saved",
-            f"{metric} {_fmt(row['metric_delta_vs_baseline'], '+.3g')} vs the full baseline",
-            "no envelope" if e is None else f"{_diff(e)} vs the envelope",
-            f"{_diff(t)} vs its twin {t['control']}" if t is not None else "no twin",
+            f"{saved} saved {_saved(row['cost_ratio_vs_baseline'])}",
+            f"{metric} vs the full baseline {_fmt(row['metric_delta_vs_baseline'], '+.3g')}",
+            "no envelope" if e is None else f"vs the envelope {_judged(e)}",
+            "no twin ran" if t is None else f"vs its twin {t['control']} {_judged(t)}",
         ]
         if clock == "work" and row.get("time_ratio_vs_baseline") is not None:
-            figures.append(f"{_saved(row['time_ratio_vs_baseline'])} of the time saved on this machine")
+            figures.append(f"time saved on this machine {_saved(row['time_ratio_vs_baseline'])}")
         lines += textwrap.wrap(
             f"{row['method']}: {verdict}", width, initial_indent="  ", subsequent_indent="    "
         )
