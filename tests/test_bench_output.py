@@ -142,6 +142,8 @@ def test_progress_shows_runs_done_elapsed_and_eta(capsys: pytest.CaptureFixture[
 def test_help_has_examples_fits_100_columns_and_says_to_quote_brackets() -> None:
     code, text, _ = _main(["bench", "--help"])
     assert code == 0 and max(len(line) for line in text.splitlines()) <= 100
+    wide = _main(["bench", "--help"], columns=250)[1]  # a wide terminal: still 100 at most
+    assert max(len(line) for line in wide.splitlines()) <= 100
     assert (
         "examples:" in text
         and "leanbatch bench --quick" in text

@@ -44,10 +44,6 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-class _Formatter(argparse.RawDescriptionHelpFormatter):
-    """Keeps the description's and the epilog's lines as written (tables)."""
-
-
 def _int(text: str) -> int:
     try:
         return int(text)
@@ -89,11 +85,11 @@ def int_list(
 
 def _bench_parser(sub: Any) -> None:
     from leanbatch.arms.registry import kinds_help
-    from leanbatch.cli_help import BENCH_DESCRIPTION, bench_epilog
+    from leanbatch.cli_help import BENCH_DESCRIPTION, HelpFormatter, bench_epilog
 
     b = sub.add_parser(
         "bench", help="train a task under each method and compare time and metric",
-        description=BENCH_DESCRIPTION, epilog=bench_epilog(kinds_help()), formatter_class=_Formatter,
+        description=BENCH_DESCRIPTION, epilog=bench_epilog(kinds_help()), formatter_class=HelpFormatter,
     )  # fmt: skip
     _run_options(b)
     _image_options(b)

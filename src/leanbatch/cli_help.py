@@ -7,7 +7,21 @@ True
 
 from __future__ import annotations
 
-__all__ = ["BENCH_DESCRIPTION", "bench_epilog"]
+import argparse
+import shutil
+
+__all__ = ["BENCH_DESCRIPTION", "HelpFormatter", "bench_epilog"]
+
+WIDTH = 100  # the widest line of the help, whatever the terminal
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the description's and the epilog's lines as written (tables, examples) and wraps the
+    options' help to the terminal, at most :data:`WIDTH` columns."""
+
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, width=min(shutil.get_terminal_size().columns, WIDTH) - 2)
+
 
 BENCH_DESCRIPTION = """\
 Train a task (yours with --task, else the built-in image task) under each method with the same
