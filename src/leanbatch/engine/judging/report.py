@@ -76,11 +76,7 @@ def closing(
     took = "" if seconds is None else f" ({seconds:.0f} s in all)"
     where = f"{html or written[0]}" + ("" if tables else " (or --tables)")
     parts = [format_results(payload)] if tables else []
-    wrote = textwrap.fill(
-        f"wrote {len(written)} file(s) to {folder}{took}",
-        width,
-        subsequent_indent="  ",
-        break_on_hyphens=False,
-    )
+    wrote = textwrap.fill(f"wrote {len(written)} file(s) to {folder}{took}", width, subsequent_indent="  ",
+                          break_on_hyphens=False, break_long_words=False)  # fmt: skip
     parts += [wrote, format_brief(payload, width, where)]
     return "\n" + "\n\n".join(parts)

@@ -218,7 +218,10 @@ def format_brief(payload: dict[str, Any], width: int = 100, where: str = "") -> 
     if not rows:
         lines.append("  no method but the baseline")
     if where:
-        lines += textwrap.wrap(f"the full tables: {where}", width, break_on_hyphens=False)
+        # a path stays whole, to copy: only a path longer than the terminal overflows it
+        lines += textwrap.wrap(
+            f"the full tables: {where}", width, break_on_hyphens=False, break_long_words=False
+        )
     return "\n".join(lines)
 
 
