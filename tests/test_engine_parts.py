@@ -58,4 +58,4 @@ def test_one_torchrun_job_per_arm_merged_into_one_study(tmp_path: Path) -> None:
     assert runs["infobatch", 0]["loaded_fraction"] < 1.0
     (row,) = payload["envelope"]["rows"]
     assert row["method"] == "infobatch" and row["seeds"] == [0, 1] and row["verdict"] != "no envelope"
-    assert "| infobatch " in merged.stdout and "vs envelope" in merged.stdout
+    assert "  infobatch: " in merged.stdout and "vs the envelope" in merged.stdout

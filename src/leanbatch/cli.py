@@ -1,8 +1,8 @@
 """The ``leanbatch`` command: judge your own training, or the built-in image task, against the envelope.
 
 ``leanbatch bench`` trains a task under each method with the same seeds, beside the baseline trained
-shorter and on smaller batches, and prints the answer and the tables; ``leanbatch report`` recomputes
-them from results.json files (merging parts of one study); ``leanbatch micro plan|update|select`` times
+shorter and on smaller batches, and prints the answer last (the tables with ``--tables``; always in
+report.html and results.json); ``leanbatch report`` recomputes them from results.json files (merging parts of one study); ``leanbatch micro plan|update|select`` times
 the library's own overheads. A base install (torch only) runs ``leanbatch --help`` and
 ``--version``; what needs the ``bench`` extra says so. Bad input prints one line on stderr and exits
 with status 2; Ctrl-C stops cleanly (status 130) and keeps the finished runs.
@@ -39,7 +39,7 @@ def run_report(args: argparse.Namespace) -> int:
     )
     from leanbatch.engine.judging.parts import merge_results, rebuild
     from leanbatch.engine.judging.plots import PLOT_NAMES
-    from leanbatch.engine.judging.report import publish
+    from leanbatch.engine.judging.report import closing, publish
 
     sources = [results_file(Path(r)) for r in args.results]
     if len(sources) > 1 and not args.out:
@@ -67,7 +67,7 @@ def run_report(args: argparse.Namespace) -> int:
     except ValueError as e:
         raise CLIError(str(e)) from None
     written = publish(payload, out / "results.json", None if args.no_plots else out)
-    print(f"\nwrote {', '.join(str(p) for p in written)}")
+    print(closing(payload, written, args.tables))
     return 0
 
 

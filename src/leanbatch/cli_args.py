@@ -44,10 +44,6 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-class _Formatter(argparse.RawDescriptionHelpFormatter):
-    """Keeps the description's and the epilog's lines as written (tables)."""
-
-
 def _int(text: str) -> int:
     try:
         return int(text)
@@ -89,13 +85,11 @@ def int_list(
 
 def _bench_parser(sub: Any) -> None:
     from leanbatch.arms.registry import kinds_help
+    from leanbatch.cli_help import BENCH_DESCRIPTION, HelpFormatter, bench_epilog
 
     b = sub.add_parser(
-        "bench", help="train a task under each method and compare time and metric", epilog=kinds_help(),
-        description="Train a task (yours with --task, else the built-in image task) under each method with the same\n"
-        "seeds, beside the baseline trained shorter and on smaller batches (the envelope); print the answer,\n"
-        "then the tables, and write results.json, the plots and report.html to --out.",
-        formatter_class=_Formatter,
+        "bench", help="train a task under each method and compare time and metric",
+        description=BENCH_DESCRIPTION, epilog=bench_epilog(kinds_help()), formatter_class=HelpFormatter,
     )  # fmt: skip
     _run_options(b)
     _image_options(b)
@@ -241,9 +235,9 @@ def _output_options(b: Any) -> None:
     )
     o.add_argument(
         "--tolerance",
-        type=_float,
-        default=0.2,
-        help="the metric's distance from the baseline's final value that counts as reaching it (t->target; default 0.2)",
+        default="1%",
+        help="how near the baseline's final metric counts as reaching it (t->target): N%% of that metric "
+        "(default 1%%, the same on any scale) or a number in the metric's units",
     )
     o.add_argument(
         "--clock",
@@ -252,10 +246,11 @@ def _output_options(b: Any) -> None:
         help="what the verdicts compare arms at: work (default: FLOP-weighted passes, the same on any machine), wall (training wall-clock, for one quiet machine) or cpu (the process's CPU time, steadier with --threads 1); the wall clock is reported beside in every case",
     )
     o.add_argument("--no-plots", action="store_true", help="skip the PNG plots and report.html")
+    o.add_argument("--tables", action="store_true", help="also print the full tables, before the answer")
     o.add_argument(
         "--no-progress",
         action="store_true",
-        help="no progress line (on a terminal: the arm, its epoch, its metric, at every run.log)",
+        help="no progress bar (on a terminal: runs done of all, elapsed, ETA, the arm, its epoch, its metric)",
     )
 
 
@@ -278,6 +273,7 @@ def _report_parser(sub: Any) -> None:
         help="judge the stored runs again on this clock (default: the one the study ran on)",
     )
     r.add_argument("--no-plots", action="store_true", help="skip the PNG plots and report.html")
+    r.add_argument("--tables", action="store_true", help="also print the full tables, before the answer")
 
 
 def _micro_parser(sub: Any) -> None:
@@ -377,7 +373,12 @@ def check_training_options(args: argparse.Namespace) -> None:
         _option(args.weight_decay, "--weight-decay", 0.0)
     if args.warmup is not None:
         _option(args.warmup, "--warmup", 0.0, 1.0, high_open=True)
-    _option(args.tolerance, "--tolerance", 0.0)
+    from leanbatch.engine.judging.results import parse_tolerance
+
+    try:
+        args.tolerance = parse_tolerance(args.tolerance, "--tolerance")
+    except ValueError as e:
+        raise CLIError(str(e)) from None
     if args.threads is not None:
         _count(args.threads, "--threads")
 

@@ -16,6 +16,7 @@ import io
 import os
 import shlex
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -209,8 +210,9 @@ def run_bench(args: argparse.Namespace) -> int:
 
 def _bench(args: argparse.Namespace, main: bool) -> int:
     from leanbatch.engine.judging.outputs import RESULTS, unfinished_path, write_results
-    from leanbatch.engine.judging.report import publish
+    from leanbatch.engine.judging.report import closing, publish, terminal_width
     from leanbatch.engine.judging.results import build_results
+    from leanbatch.engine.progress import Progress
     from leanbatch.engine.running.study import run_study
 
     _plots_available(args)
@@ -222,11 +224,8 @@ def _bench(args: argparse.Namespace, main: bool) -> int:
         check_out_folder(out)
     unfinished = unfinished_path(out)  # decided before anything is written
     header = study.config.pop("header")
-    print(
-        f"leanbatch bench: {header}, {len(study.arms)} arms, seeds {study.seeds}, metric {study.metric} ({study.goal})",
-        flush=True,
-    )
-    width = max(12, *(len(a.label) for a in study.arms))
+    title = f"leanbatch bench: {header}, {len(study.arms)} arms, seeds {study.seeds}, metric {study.metric} ({study.goal})"
+    print("\n".join(textwrap.wrap(title, terminal_width(), subsequent_indent="  ")), flush=True)
 
     def payload(outcome: Outcome, interrupted: bool) -> dict[str, Any]:
         return build_results(
@@ -242,12 +241,16 @@ def _bench(args: argparse.Namespace, main: bool) -> int:
             wrote.append(unfinished)
 
     t0 = time.perf_counter()
-    status = _status_line(study) if main and not args.no_progress and sys.stderr.isatty() else None
-    outcome = run_study(
-        study, on_run=lambda r: print(_line(r, width, study.metric), flush=True), on_seed=saved, on_log=status
-    )
-    if status is not None:
-        print("\r\033[K", end="", file=sys.stderr)
+    bar = Progress(study) if main and not args.no_progress and sys.stderr.isatty() else None
+    say = print if bar is None else bar.write
+    try:
+        outcome = run_study(
+            study, on_run=lambda r: _done(r, study.metric, say, bar), on_seed=saved,
+            on_log=None if bar is None else bar.log,
+        )  # fmt: skip
+    finally:
+        if bar is not None:
+            bar.close()
     if _stopped(outcome, wrote[-1:]):
         return 2
     if not main:
@@ -258,14 +261,11 @@ def _bench(args: argparse.Namespace, main: bool) -> int:
             print("leanbatch: interrupted before any run finished; nothing written", file=sys.stderr)
             return 130
     target = unfinished if outcome.interrupted else out / RESULTS
-    written = publish(
-        payload(outcome, outcome.interrupted),
-        target,
-        None if args.no_plots or target != out / RESULTS else out,
-    )
+    final = payload(outcome, outcome.interrupted)
+    written = publish(final, target, None if args.no_plots or target != out / RESULTS else out)
     if target != unfinished:
         unfinished.unlink(missing_ok=True)  # this study's own per-seed saves, now complete
-    print(f"\nwrote {', '.join(str(p) for p in written)} ({time.perf_counter() - t0:.0f} s in all)")
+    print(closing(final, written, args.tables, time.perf_counter() - t0), flush=True)
     return _status(outcome, target, out / RESULTS)
 
 
@@ -306,31 +306,21 @@ def _status(outcome: Outcome, target: Path, results: Path) -> int:
     return 0
 
 
-def _status_line(study: Study) -> Any:
-    """On a terminal: one line on stderr, rewritten at every ``run.log``: the arm, its epoch, its metric."""
-
-    def show(run: Any) -> None:
-        last = run.epochs[-1]
-        value = "" if last.metric is None else f", {study.metric} {last.metric:.4g}"
-        print(
-            f"\r\033[K  {run.label} seed {run.seed}: epoch {last.epoch}{value}",
-            end="",
-            file=sys.stderr,
-            flush=True,
-        )
-
-    return show
+def _done(run: Any, metric: str, say: Any, bar: Any) -> None:
+    """A finished run: its line (above the bar), and the bar moved on."""
+    say(_line(run, metric))
+    if bar is not None:
+        bar.done(run)
 
 
-def _line(run: Any, width: int, metric: str) -> str:
-    """The line printed when a run finishes."""
+def _line(run: Any, metric: str) -> str:
+    """The compact line printed when a run finishes, wrapped to the terminal's width."""
+    from leanbatch.engine.judging.report import terminal_width
+
     tot = run.totals()
-    work = (
-        ""
-        if tot["forward_fraction"] is None
-        else f" (forwarded {tot['forward_fraction']:.2f}, backpropagated {tot['backward_fraction']:.2f}"
-    )
+    fwd, bwd = tot["forward_fraction"], tot["backward_fraction"]
     dropped = sum(e.dropped for e in run.epochs)
-    if work:
-        work += f"; {dropped} served, not trained)" if dropped else ")"
-    return f"  {run.method:<{width}} seed {run.seed}: {metric} {run.metric:.4g} in {run.train_time_s:7.1f} s{work}"
+    line = f"{run.method} seed {run.seed}: {metric} {run.metric:.4g}, {run.train_time_s:.1f} s"
+    line += "" if fwd is None else f", fwd {fwd:.2f} bwd {bwd:.2f}"
+    line += f", {dropped} served not trained" if dropped else ""
+    return "\n".join(textwrap.wrap(line, terminal_width(), initial_indent="  ", subsequent_indent="    "))

@@ -18,7 +18,7 @@ from leanbatch.arms.methods import (
     parse_methods,
     with_budgets,
 )
-from leanbatch.arms.twins import with_controls
+from leanbatch.arms.twins import pair_twins, with_controls
 
 __all__ = ["study_arms"]
 
@@ -38,10 +38,11 @@ def study_arms(
     options: Mapping[str, Any] | None = None,
 ) -> list[Arm]:
     """The arms of a study: ``methods`` (a ``--methods`` text or a list of items; ``options``: the global
-    options, ``--prune-ratio``...), each choosing arm's twin with ``controls``, then the baseline at
-    the step ``budgets`` and ``batch_budgets`` (a text like ``"0.5,0.7"``, a list of shares, or None:
-    the defaults). Bad input: :class:`~leanbatch.arms.methods.ArmError`, one line."""
+        options, ``--prune-ratio``...), each choosing arm's twin with ``controls`` (without it, an arm is
+    still paired with its twin when the twin is among ``methods``), then the baseline at
+        the step ``budgets`` and ``batch_budgets`` (a text like ``"0.5,0.7"``, a list of shares, or None:
+        the defaults). Bad input: :class:`~leanbatch.arms.methods.ArmError`, one line."""
     arms = parse_methods(methods if isinstance(methods, str) else ",".join(methods), options)
-    arms = with_controls(arms) if controls else arms
+    arms = with_controls(arms) if controls else pair_twins(arms)
     steps = _shares(budgets, DEFAULT_BUDGETS, "--budgets")
     return with_budgets(arms, steps, _shares(batch_budgets, DEFAULT_BATCH_BUDGETS, "--batch-budgets"))

@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -355,39 +356,40 @@ _KINDS = (
 REGISTRY: dict[str, MethodKind] = {k.name: k for k in _KINDS}
 
 
-def kinds_help() -> str:
-    """Every kind in one line, its settings, its twin: the epilog of ``leanbatch bench --help``.
+def kinds_help(width: int = 100) -> str:
+    """Every kind, its settings, its twin, no line wider than ``width``: the epilog of ``leanbatch bench --help``.
 
     Example:
         >>> kinds_help().splitlines()[1].split()[:2]
         ['baseline', 'baseline']
+        >>> max(len(line) for line in kinds_help().splitlines()) <= 100
+        True
     """
+    pad = " " * 31
+
+    def wrapped(head: str, text: str, indent: str = pad) -> list[str]:
+        return textwrap.wrap(text, width, initial_indent=head, subsequent_indent=indent)
+
     lines = [
         "method kinds (--methods NAME or NAME[setting=value,...]; a bracketed item is an arm of its own):"
     ]
-    lines += [f"  {k.name:<17} {k.family:<10} {k.description}" for k in REGISTRY.values()]
+    for k in REGISTRY.values():
+        lines += wrapped(f"  {k.name:<17} {k.family:<10} ", k.description)
     lines += ["", "settings (the library's names and the papers' defaults):"]
     for k in REGISTRY.values():
-        rows: list[str] = []
-        cur = ""
-        for item in (s.describe() for s in k.settings):
-            if cur and len(cur) + 2 + len(item) > 86:
-                rows, cur = [*rows, cur + ","], item
-            else:
-                cur = f"{cur}, {item}" if cur else item
-        rows.append(cur)
-        lines += [f"  {k.name:<17} {rows[0]}", *(f"  {'':<17} {r}" for r in rows[1:])]
+        lines += wrapped(f"  {k.name:<17} ", ", ".join(s.describe() for s in k.settings), " " * 20)
     lines += [
         "",
-        "--prune-ratio, --delta, --sb-* and --stack-scores set that setting in every arm that has it; max_weight",
-        "and final_pressure take none for off; il_epochs none: the run's epochs.",
+        *textwrap.wrap("--prune-ratio, --delta, --sb-* and --stack-scores set that setting in every arm that "
+                       "has it; max_weight and final_pressure take none for off; il_epochs none: the run's epochs.", width),
         "",
         "uniform twins (--controls runs each beside its method: what the choosing buys is the difference):",
-    ]
+    ]  # fmt: skip
     for k in REGISTRY.values():
         if k.twin is not None:
             fixed = ",".join(f"{name}={'none' if v is None else f'{v:g}'}" for name, v in k.twin.fixed)
-            lines.append(
-                f"  {k.name} -> {k.name}~{k.twin.name} ({k.twin.kind}{f'[{fixed}]' if fixed else ''} with the method's other settings)"
+            twin = f"{k.twin.kind}{f'[{fixed}]' if fixed else ''}"
+            lines += wrapped(
+                f"  {k.name} -> {k.name}~{k.twin.name} ", f"({twin} with the method's other settings)", "    "
             )
     return "\n".join(lines)

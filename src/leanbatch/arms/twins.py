@@ -14,8 +14,9 @@ method                    twin arm
 ``obs``, ``obs-epoch``    ``obs~uniform``...: the same kind at ``pressure=1`` (the loss-rank draw uniform)
 ========================  =========================================================================
 
-An arm whose twin is already among the arms is paired with it rather than run twice; an arm that
-is its own twin (``obs[pressure=1]``) gets none. :mod:`leanbatch.engine.judging.controls` judges the pairs.
+An arm whose twin is already among the arms is paired with it rather than run twice, with or
+without ``--controls`` (:func:`pair_twins`: ``--methods infobatch,random`` judges ``infobatch``
+against ``random``); an arm that is its own twin (``obs[pressure=1]``) gets none. :mod:`leanbatch.engine.judging.controls` judges the pairs.
 
 Example:
     >>> from leanbatch.arms.methods import parse_methods
@@ -31,7 +32,7 @@ from collections.abc import Sequence
 from leanbatch.arms.methods import Arm, ArmError, make_arm
 from leanbatch.arms.registry import REGISTRY
 
-__all__ = ["twin_arm", "with_controls"]
+__all__ = ["pair_twins", "twin_arm", "with_controls"]
 
 
 def twin_arm(arm: Arm) -> Arm | None:
@@ -68,7 +69,7 @@ def with_controls(arms: Sequence[Arm]) -> list[Arm]:
         twin = twin_arm(arm)
         if twin is None:
             continue
-        same = next((a for a in out if a.kind == twin.kind and dict(a.settings) == dict(twin.settings)), None)
+        same = _among(out, twin)
         if same is None:
             out.insert(out.index(arm) + 1, twin)
         out[out.index(arm)] = dataclasses.replace(arm, control=twin.label if same is None else same.label)
@@ -79,3 +80,24 @@ def with_controls(arms: Sequence[Arm]) -> list[Arm]:
             f"the methods that have one: {', '.join(have)}"
         )
     return out
+
+
+def pair_twins(arms: Sequence[Arm]) -> list[Arm]:
+    """``arms``, each one whose uniform twin is already among them naming it in ``control``; none added.
+
+    Example:
+        >>> from leanbatch.arms.methods import parse_methods
+        >>> [(a.label, a.control) for a in pair_twins(parse_methods("baseline,random,infobatch,sb"))]
+        [('baseline', None), ('random', None), ('infobatch', 'random'), ('sb', None)]
+    """
+    out = []
+    for arm in arms:
+        twin = twin_arm(arm)
+        same = None if twin is None else _among(arms, twin)
+        out.append(arm if same is None else dataclasses.replace(arm, control=same.label))
+    return out
+
+
+def _among(arms: Sequence[Arm], twin: Arm) -> Arm | None:
+    """The arm of ``arms`` that trains as ``twin`` does (its kind and settings), if one does."""
+    return next((a for a in arms if a.kind == twin.kind and dict(a.settings) == dict(twin.settings)), None)

@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -25,8 +26,9 @@ from typing import Any
 from leanbatch.arms.grid import study_arms
 from leanbatch.arms.methods import DEFAULT_METHODS, ArmError
 from leanbatch.engine.judging.report import Report
-from leanbatch.engine.judging.results import build_results
+from leanbatch.engine.judging.results import DEFAULT_TOLERANCE, build_results, parse_tolerance
 from leanbatch.engine.judging.verdicts import default_goal
+from leanbatch.engine.progress import Progress
 from leanbatch.engine.running.data import StudyError
 from leanbatch.engine.running.run import Run
 from leanbatch.engine.running.study import Study, run_study
@@ -45,10 +47,11 @@ def bench(
     metric: str = "metric",
     goal: str | None = None,
     interleave: str = "epoch",
-    tolerance: float = 0.2,
+    tolerance: float | str = DEFAULT_TOLERANCE,
     clock: str = "work",
     out: str | Path | None = None,
     plots: bool = True,
+    progress: bool = False,
 ) -> Report:
     """Run ``task`` under every arm (``methods``, default ``baseline,random,infobatch,sb,infobatch+sb``,
     the batch-level ones left out when the task trains a step without ``run.select``;
@@ -57,17 +60,17 @@ def bench(
     with ``out``, also write results.json, the plots and report.html there. ``goal``: ``max`` or
     ``min`` (default: :func:`~leanbatch.engine.judging.verdicts.default_goal` of the ``metric``'s name);
     ``clock``: what the arms are compared at, ``work`` (FLOP-weighted passes: the same training gives
-    the same verdicts on any machine), ``wall`` or ``cpu``.
+    the same verdicts on any machine), ``wall`` or ``cpu``; ``tolerance``: how near the baseline's
+    final metric counts as reaching it (``t->target``), ``"N%"`` of that metric (default ``"1%"``,
+    the same on any scale) or a number in the metric's units; ``progress``: a bar on stderr (runs
+    done of all, elapsed, ETA, the arm training now).
     Bad input, and a breach of the contract every arm shares (no ``metric``, batches larger than
     ``run.batch_size``, a budget the loop cannot train), found at its first sign:
     ``ValueError`` of one line (:class:`~leanbatch.engine.running.data.StudyError`), nothing judged."""
     try:
-        arms = study_arms(
-            ",".join(DEFAULT_METHODS) if methods is None else methods,
-            budgets=budgets,
-            batch_budgets=batch_budgets,
-            controls=controls,
-        )
+        arms = study_arms(",".join(DEFAULT_METHODS) if methods is None else methods, budgets=budgets,
+                          batch_budgets=batch_budgets, controls=controls)  # fmt: skip
+        tolerance = parse_tolerance(tolerance)
     except ArmError as e:
         raise ValueError(str(e)) from None
     name = getattr(task, "__qualname__", type(task).__name__)
@@ -75,7 +78,8 @@ def bench(
                   tolerance, clock, controls, {"task": name}, {"name": name}, f"leanbatch.engine.bench({name})",
                   optional=methods is None)  # fmt: skip
     study.check()
-    outcome = run_study(study)
+    with Progress(study) if progress else contextlib.nullcontext() as bar:
+        outcome = run_study(study) if bar is None else run_study(study, on_run=bar.done, on_log=bar.log)
     if outcome.stopped is not None:
         s = outcome.stopped
         raise StudyError(f"{s['method']} seed {s['seed']}: {s['error']}; the study stopped, nothing judged")

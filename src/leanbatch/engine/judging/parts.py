@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from leanbatch.engine.judging.records import CLOCKS, RunRecord
-from leanbatch.engine.judging.results import SCHEMA, build_results
+from leanbatch.engine.judging.results import SCHEMA, build_results, parse_tolerance
 from leanbatch.engine.judging.verdicts import GOALS
 
 __all__ = ["READS", "check_payload", "merge_results", "rebuild"]
@@ -62,9 +62,13 @@ def check_payload(payload: Any, name: str) -> list[RunRecord]:
         raise _fail(f"{name}: config.clock", f"expected one of {', '.join(CLOCKS)}, got {cfg.get('clock')!r}")
     if cfg.get("goal") not in GOALS:
         raise _fail(f"{name}: config.goal", f"expected one of {', '.join(GOALS)}, got {cfg.get('goal')!r}")
-    tol = _expect(payload.get("tolerance"), f"{name}: tolerance", float)
-    if tol < 0:
-        raise _fail(f"{name}: tolerance", f"expected a number >= 0, got {tol}")
+    try:
+        parse_tolerance(payload.get("tolerance"), f"{name}: tolerance")
+    except ValueError:
+        got = payload.get("tolerance")
+        raise _fail(
+            f"{name}: tolerance", f"expected a share like '1%' or a number >= 0, got {got!r}"
+        ) from None
     _expect(payload.get("data"), f"{name}: data", dict)
     runs = _expect(payload.get("runs"), f"{name}: runs", list)
     return [_run(r, f"{name}: runs[{i}]") for i, r in enumerate(runs)]

@@ -3,11 +3,13 @@
 - ``metric_vs_time.png``: the metric of every ``run.log`` against its cost on the study's clock
   (work by default, or training time), one line per arm
   (mean over seeds at each epoch; the baseline's budgets thin and dashed), with the baseline's
-  final value and the tolerance band;
+  final value and the tolerance band; the y axis shows the second half of every curve, where
+  the arms differ;
 - ``kept_per_epoch.png``: the share of the training set loaded and backpropagated per epoch
-  (arms with a wrapper; the budgets, which keep everything, left out);
-- ``loss_histograms.png``: the per-sample scores a pruning arm planned a few epochs from, with
-  the threshold;
+  (arms with a wrapper; the budgets, which keep everything, left out), each arm with its own
+  marker and a small sideways offset, so no series hides under another;
+- ``loss_histograms.png``: the per-sample scores a pruning method's own arm (not a twin) planned
+  a few epochs from, with the threshold;
 - ``equal_time.png``: final metric against cost on the study's clock: the baseline's two families (fewer
   steps, smaller batches), their envelope, every other arm as a point with error bars over seeds,
   labelled with its paired difference to the envelope and its verdict.
@@ -76,7 +78,7 @@ def write_plots(payload: dict[str, Any], out_dir: Path) -> list[Path]:
         written.append(_metric_plot(plt, payload, groups, label, title, out_dir / "metric_vs_time.png"))
         if any(r["num_samples"] for runs in groups.values() for r in runs):
             written.append(_kept_plot(plt, groups, title, out_dir / "kept_per_epoch.png"))
-    hist_run = next((r for r in payload["runs"] if r["histograms"]), None)
+    hist_run = _own_histograms(payload)
     if hist_run is not None:
         written.append(_histogram_plot(plt, hist_run, out_dir / "loss_histograms.png"))
     section = payload["envelope"]
@@ -85,50 +87,81 @@ def write_plots(payload: dict[str, Any], out_dir: Path) -> list[Path]:
     return written
 
 
+def _own_histograms(payload: dict[str, Any]) -> dict[str, Any] | None:
+    """The run whose scores to show: the first of a method's own arm (not a twin, the yardstick it is
+    judged against), else the first that has histograms."""
+    twins = {m.get("control") for m in payload["config"].get("methods", [])} - {None}
+    have = [r for r in payload["runs"] if r["histograms"]]
+    return next(
+        (r for r in have if r["method"] not in twins and "~" not in r["method"]), have[0] if have else None
+    )
+
+
+def _zoom(ax: Any, curves: list[list[float]], marks: list[float]) -> None:
+    """Scale the y axis to the second half of every curve (and the ``marks``), where the arms differ;
+    the first epochs, far below or above, leave the axis."""
+    values = [v for c in curves for v in c[len(c) // 2 :] if v == v] + marks
+    if len(values) < 2 or max(values) == min(values):
+        return
+    pad = (max(values) - min(values)) * 0.15
+    ax.set_ylim(min(values) - pad, max(values) + pad)
+
+
 def _metric_plot(
     plt: Any, payload: dict[str, Any], groups: dict[str, Any], label: str, title: str, path: Path
 ) -> Path:
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    costs = _cost_curves(payload)
-    for name, runs in groups.items():
+    fig, ax = plt.subplots(figsize=(9, 4.5))
+    costs, curves = _cost_curves(payload), []
+    for k, (name, runs) in enumerate(groups.items()):
         style = {"ls": "--", "lw": 0.9, "ms": 2} if _is_budget(runs) else {"ms": 3}
         xs = _mean_of([costs[id(r)] for r in runs])
-        ax.plot(xs, _mean_curve(runs, "metric")[: len(xs)], marker="o", label=name, **style)
+        curves.append(_mean_curve(runs, "metric")[: len(xs)])
+        ax.plot(xs, curves[-1], marker=_MARKERS[k % len(_MARKERS)], label=name, **style)
     base = next((row for row in payload["summary"] if row["method"] == "baseline"), None)
+    marks = []
     if base is not None and base["target"] is not None:
         ax.axhline(base["metric_mean"], color="grey", lw=0.8, ls="--")
         ax.axhspan(base["target"], base["metric_mean"], color="grey", alpha=0.12, lw=0)
-    _label(ax, clock_axis(payload["config"].get("clock", "work"))[1], label, f"{label} vs cost: {title}")
+        marks = [base["target"], base["metric_mean"]]
+    _zoom(ax, curves, marks)
+    _label(
+        ax, clock_axis(payload["config"].get("clock", "work"))[1], label, f"{label} vs cost: {title}", True
+    )
     return _save(fig, path)
 
 
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
+
+
 def _kept_plot(plt: Any, groups: dict[str, Any], title: str, path: Path) -> Path:
+    """Loaded (solid) and backpropagated (dashed) per epoch; each arm its own colour and marker and a
+    small sideways offset, so an arm that keeps what another keeps is still seen."""
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for name, runs in groups.items():
-        if _is_budget(runs) or not runs[0]["num_samples"]:
-            continue
-        num = runs[0]["num_samples"]
+    shown = [(n, r) for n, r in groups.items() if not _is_budget(r) and r[0]["num_samples"]]
+    for k, (name, runs) in enumerate(shown):
+        num, shift = runs[0]["num_samples"], (k - (len(shown) - 1) / 2) * 0.3 / max(len(shown), 1)
         fwd = [x / num for x in _mean_curve(runs, "loaded")]
         bwd = [x / num for x in _mean_curve(runs, "backpropagated")]
-        (line,) = ax.plot(range(len(fwd)), fwd, marker="o", ms=3, label=f"{name}: loaded")
+        marker = _MARKERS[k % len(_MARKERS)]
+        (line,) = ax.plot(
+            [i + shift for i in range(len(fwd))], fwd, marker=marker, ms=4, label=f"{name}: loaded"
+        )
         if any(abs(a - b) > 1e-9 for a, b in zip(fwd, bwd, strict=True)):
-            ax.plot(
-                range(len(bwd)),
-                bwd,
-                ls="--",
-                marker="x",
-                ms=3,
-                color=line.get_color(),
-                label=f"{name}: backprop",
-            )
-    ax.set_ylim(0, 1.05)
-    _label(ax, "epoch", "share of the training set", f"Data kept per epoch: {title}")
+            ax.plot([i + shift for i in range(len(bwd))], bwd, ls="--", marker=marker, ms=4, mfc="none",
+                    color=line.get_color(), label=f"{name}: backprop")  # fmt: skip
+    ax.set_ylim(0, 1.08)
+    _label(
+        ax,
+        "epoch (each arm shifted a little sideways)",
+        "share of the training set",
+        f"Data kept per epoch: {title}",
+    )
     return _save(fig, path)
 
 
 def _histogram_plot(plt: Any, run: dict[str, Any], path: Path) -> Path:
     hists = run["histograms"]
-    fig, axes = plt.subplots(1, len(hists), figsize=(4 * len(hists), 3.6), squeeze=False)
+    fig, axes = plt.subplots(1, len(hists), figsize=(max(6.5, 4 * len(hists)), 3.6), squeeze=False)
     for ax, h in zip(axes[0], hists, strict=True):
         ax.stairs(h["counts"], h["edges"], fill=True, alpha=0.6)
         ax.set_xscale("log")
@@ -142,7 +175,7 @@ def _histogram_plot(plt: Any, run: dict[str, Any], path: Path) -> Path:
             ax.set_title(f"epoch {h['epoch']}", fontsize=10)
         ax.set_xlabel("per-sample loss (score)")
     axes[0][0].set_ylabel("samples")
-    fig.suptitle(f"{run['method']} (seed {run['seed']}): scores the epoch was planned from")
+    fig.suptitle(f"{run['method']} (seed {run['seed']}): scores the epoch was planned from", fontsize=10)
     return _save(fig, path)
 
 
@@ -194,12 +227,13 @@ def _equal_time_plot(plt: Any, section: dict[str, Any], label: str, title: str, 
     return _save(fig, path)
 
 
-def _label(ax: Any, xlabel: str, ylabel: str, title: str) -> None:
+def _label(ax: Any, xlabel: str, ylabel: str, title: str, outside: bool = False) -> None:
+    """Axis labels, title, grid and legend (``outside``: right of the axes, where no line runs)."""
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, **({"loc": "upper left", "bbox_to_anchor": (1.01, 1.0)} if outside else {}))
 
 
 def _save(fig: Any, path: Path) -> Path:

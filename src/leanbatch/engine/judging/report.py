@@ -1,4 +1,5 @@
-"""A study's report: :class:`Report` (what ``bench()`` returns, results.json's object) and :func:`publish`.
+"""A study's report: :class:`Report` (what ``bench()`` returns, results.json's object), :func:`publish`
+(the files) and :func:`closing` (what the command prints last: the answer).
 
 Example:
     >>> Report({"a": 1})["a"], issubclass(Report, dict)
@@ -7,19 +8,29 @@ Example:
 
 from __future__ import annotations
 
+import shutil
+import textwrap
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Report", "publish"]
+__all__ = ["Report", "closing", "publish", "terminal_width"]
 
 
 class Report(dict):  # type: ignore[type-arg]
     """The results of a study: the same object (keys and values) as its results.json, plus
-    :attr:`text` (the terminal report) and :meth:`save` (results.json, the plots, report.html)."""
+    :attr:`answer` (the short answer), :attr:`text` (the full tables) and :meth:`save` (results.json,
+    the plots, report.html)."""
+
+    @property
+    def answer(self) -> str:
+        """The answer in a few lines per method, as wide as the terminal (what the command prints last)."""
+        from leanbatch.engine.judging.tables import format_brief
+
+        return format_brief(self, terminal_width())
 
     @property
     def text(self) -> str:
-        """The answer, one line per method, then the full tables."""
+        """The full tables: the answer, one row per method, then the realisation, the summary, the envelope and the controls."""
         from leanbatch.engine.judging.tables import format_results
 
         return format_results(self)
@@ -28,25 +39,44 @@ class Report(dict):  # type: ignore[type-arg]
         """Write ``results.json``, the plots and ``report.html`` into ``folder``; the files written."""
         out = Path(folder)
         out.mkdir(parents=True, exist_ok=True)
-        return publish(dict(self), out / "results.json", out if plots else None, quiet=True)
+        return publish(dict(self), out / "results.json", out if plots else None)
 
 
-def publish(payload: dict[str, Any], results: Path, plots: Path | None, quiet: bool = False) -> list[Path]:
-    """Write ``results`` (results.json), print the report (unless ``quiet``), draw the plots and write
-    ``report.html`` into the folder ``plots`` (None: neither); every file atomically. The files written."""
+def terminal_width() -> int:
+    """The terminal's width in columns (``COLUMNS`` first; 80 when there is no terminal), at least 40."""
+    return max(40, shutil.get_terminal_size().columns)
+
+
+def publish(payload: dict[str, Any], results: Path, plots: Path | None) -> list[Path]:
+    """Write ``results`` (results.json), draw the plots and write ``report.html`` into the folder
+    ``plots`` (None: neither); every file atomically. The files written."""
     from leanbatch.engine.judging.outputs import write_results
-    from leanbatch.engine.judging.tables import format_results
 
     write_results(results, payload)
-    text = format_results(payload)
-    if not quiet:
-        print()
-        print(text)
     written = [results]
     if plots is not None:
         from leanbatch.engine.judging.html import write_html
         from leanbatch.engine.judging.plots import write_plots
 
         images = write_plots(payload, plots)
-        written += images + [write_html(plots / "report.html", text, images, payload.get("command"))]
+        written += images + [write_html(plots / "report.html", payload, images)]
     return written
+
+
+def closing(
+    payload: dict[str, Any], written: list[Path], tables: bool = False, seconds: float | None = None
+) -> str:
+    """What the command prints when a study is judged: the full tables (``tables``), the files
+    ``written``, and last the answer, no line wider than the terminal."""
+    from leanbatch.engine.judging.tables import format_brief, format_results
+
+    width = terminal_width()
+    html = next((p for p in written if p.suffix == ".html"), None)
+    folder = written[0].parent
+    took = "" if seconds is None else f" ({seconds:.0f} s in all)"
+    where = f"{html or written[0]}" + ("" if tables else " (or --tables)")
+    parts = [format_results(payload)] if tables else []
+    wrote = textwrap.fill(f"wrote {len(written)} file(s) to {folder}{took}", width, subsequent_indent="  ",
+                          break_on_hyphens=False, break_long_words=False)  # fmt: skip
+    parts += [wrote, format_brief(payload, width, where)]
+    return "\n" + "\n\n".join(parts)

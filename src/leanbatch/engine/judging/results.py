@@ -26,9 +26,49 @@ from leanbatch.engine.judging.envelope import envelope
 from leanbatch.engine.judging.records import RunRecord, work_scale
 from leanbatch.engine.judging.verdicts import better, mean_of, spread_of, std_of
 
-__all__ = ["SCHEMA", "build_results", "summarize", "timing", "versions"]
+__all__ = [
+    "DEFAULT_TOLERANCE",
+    "SCHEMA",
+    "build_results",
+    "parse_tolerance",
+    "summarize",
+    "timing",
+    "versions",
+]
 
 SCHEMA = "leanbatch.bench/4"
+DEFAULT_TOLERANCE = "1%"  # of the baseline's final metric: the same on any metric's scale
+
+
+def parse_tolerance(value: Any, name: str = "tolerance") -> float | str:
+    """``tolerance`` checked: ``"N%"`` (a share of the full baseline's final metric, scale-free) or a
+    number >= 0 (in the metric's units); a ``ValueError`` naming ``name`` and the fix otherwise.
+
+    Example:
+        >>> parse_tolerance("1%"), parse_tolerance("0.2"), parse_tolerance(0)
+        ('1%', 0.2, 0.0)
+    """
+    text = str(value).strip()
+    try:
+        number = float(text.removesuffix("%"))
+    except ValueError:
+        number = float("nan")
+    if isinstance(value, bool) or not (0 <= number < float("inf")):
+        raise ValueError(
+            f"{name} must be a share of the baseline's final metric like '1%' or a number >= 0 in the metric's units, got {value!r}"
+        )
+    return f"{number:g}%" if text.endswith("%") else number
+
+
+def tolerance_of(spec: float | str, base_metric: float) -> float:
+    """The tolerance in the metric's units: ``spec`` (see :func:`parse_tolerance`) of ``base_metric``.
+
+    Example:
+        >>> tolerance_of("1%", -250.0), tolerance_of(0.2, 95.0)
+        (2.5, 0.2)
+    """
+    spec = parse_tolerance(spec)
+    return abs(base_metric) * float(spec[:-1]) / 100 if isinstance(spec, str) else spec
 
 
 def _to_target(run: RunRecord, target: float, goal: str, clock: str, scale: float) -> float | None:
@@ -53,10 +93,15 @@ def _realised(rs: Sequence[RunRecord], base: Sequence[RunRecord], scale: float) 
 
 
 def summarize(
-    runs: Sequence[RunRecord], tolerance: float, goal: str, order: Sequence[str] = (), clock: str = "work"
+    runs: Sequence[RunRecord],
+    tolerance: float | str,
+    goal: str,
+    order: Sequence[str] = (),
+    clock: str = "work",
 ) -> list[dict[str, Any]]:
     """One row per arm (``order`` first, then first-seen) with the summary table's figures; ratios are
-    against the arm labelled ``baseline`` and None without one; ``cost_*`` and ``to_target`` on ``clock``.
+    against the arm labelled ``baseline`` and None without one; ``cost_*`` and ``to_target`` on ``clock``;
+    ``target``: the baseline's final mean less ``tolerance`` (:func:`tolerance_of`) in the goal's direction.
 
     Example:
         >>> runs = [RunRecord("baseline", "baseline", 0, 90.0, [], train_time_s=2.0), RunRecord("sb", "sb", 0, 91.0, [], train_time_s=1.0)]
@@ -74,8 +119,13 @@ def summarize(
     base_cpu = mean_of([r.train_cpu_time_s for r in base]) if base else None
     base_cost = spread_of([r.cost(clock, scale) for r in base])[0]
     base_metric = mean_of([r.metric for r in base]) if base else None
+    tol = None if base_metric is None else tolerance_of(tolerance, base_metric)
     target = (
-        None if base_metric is None else base_metric - tolerance if goal == "max" else base_metric + tolerance
+        None
+        if base_metric is None or tol is None
+        else base_metric - tol
+        if goal == "max"
+        else base_metric + tol
     )
     rows = []
     for lab, rs in groups.items():
@@ -148,7 +198,7 @@ def build_results(
     config: dict[str, Any],
     data: dict[str, Any],
     *,
-    tolerance: float = 0.2,
+    tolerance: float | str = DEFAULT_TOLERANCE,
     interrupted: bool = False,
     command: str | list[str] | None = None,
     failed: Sequence[dict[str, Any]] = (),
@@ -169,7 +219,7 @@ def build_results(
         "config": config,
         "versions": versions(),
         "data": data,
-        "tolerance": tolerance,
+        "tolerance": parse_tolerance(tolerance),
         "summary": summary,
         "timing": timing(summary, runs),
         "envelope": envelope(runs, order, clock, goal),

@@ -1,5 +1,7 @@
-"""The printed answer of a study: one line per method first, then the full tables.
+"""The printed answer of a study: :func:`format_brief`, the terminal's last block, and the full tables.
 
+- :func:`format_brief`: per method its verdict and figures in a few short lines, wrapped to the
+  terminal's width;
 - :func:`format_answer`: per method, the saving on the study's clock, the metric against the full
   baseline, against the envelope and against its uniform twin, and what that means (:func:`overall`);
 - :func:`format_realisation`: the wall clock on this machine (``actual x``: baseline time / arm
@@ -23,6 +25,7 @@ Example:
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Collection, Sequence
 from typing import Any
 
@@ -31,12 +34,14 @@ from leanbatch.engine.judging.verdicts import std_of
 
 __all__ = [
     "format_answer",
+    "format_brief",
     "format_controls",
     "format_envelope",
     "format_realisation",
     "format_results",
     "format_summary",
     "overall",
+    "tolerance_text",
 ]
 
 
@@ -64,6 +69,26 @@ def _markdown(lines: list[list[str]], left: Collection[int] = (0,)) -> list[str]
     return out
 
 
+def _saved(ratio: float | None) -> str:
+    """The one sign convention of every table: the share saved against the full baseline, positive
+    when the arm cost less (``38.2%``), negative when it cost more."""
+    return _fmt(None if ratio is None else (1 - ratio) * 100, ".1f", "%")
+
+
+def tolerance_text(spec: float | str, metric: str) -> str:
+    """What ``tolerance`` (results.json's, ``"1%"`` or a number) means, in a few words.
+
+    Example:
+        >>> tolerance_text("1%", "accuracy"), tolerance_text(0.2, "accuracy")
+        ("1% of the baseline's final accuracy", '0.2 (in accuracy units)')
+    """
+    return (
+        f"{spec} of the baseline's final {metric}"
+        if isinstance(spec, str)
+        else f"{spec:g} (in {metric} units)"
+    )
+
+
 def _goal(goal: str) -> str:
     return "higher is better" if goal == "max" else "lower is better"
 
@@ -82,6 +107,13 @@ def _diff(row: dict[str, Any] | None) -> str:
         return "(no twin)"
     spread = _spread(row)
     return _verdict(row) if spread == "-" else f"{spread} {row['verdict']}"
+
+
+def _judged(row: dict[str, Any]) -> str:
+    """``+0.12 ± 0.3: on (within noise)``: a comparison's difference (kept on one line when wrapped:
+    no-break spaces around ``±``), then its verdict."""
+    spread = _spread(row).replace(" ± ", "\u00a0±\u00a0")
+    return _verdict(row) if spread == "-" else f"{spread}: {_verdict(row)}"
 
 
 def _ci(row: dict[str, Any]) -> str:
@@ -135,8 +167,7 @@ def format_answer(payload: dict[str, Any]) -> str:
         e, t = env.get(row["method"]), twins.get(row["method"])
         ratio = row["cost_ratio_vs_baseline"]
         lines.append([
-            row["method"], _fmt(None if ratio is None else (1 - ratio) * 100, ".1f", "%"),
-            _fmt(row["metric_delta_vs_baseline"], "+.3g"), "-" if e is None else _diff(e),
+            row["method"], _saved(ratio), _fmt(row["metric_delta_vs_baseline"], "+.3g"), "-" if e is None else _diff(e),
             _diff(t) if row.get("control") else "(no twin)",
             overall(None if e is None else e["verdict"], None if t is None else t["verdict"]),
         ])  # fmt: skip
@@ -151,12 +182,56 @@ def format_answer(payload: dict[str, Any]) -> str:
     return "\n".join([title, "", *_markdown(lines, left=(0, 3, 4, 5))])
 
 
+def format_brief(payload: dict[str, Any], width: int = 100, where: str = "") -> str:
+    """The answer as the terminal's last block: per method its verdict, then its figures, every line
+    wrapped to ``width`` columns; ``where``: the files that hold the full tables.
+
+    Example:
+        >>> print(format_brief({"config": {"seeds": [0]}, "summary": [], "envelope": {"rows": []},
+        ...                     "controls": {"rows": []}}, 70))
+        the answer (metric, higher is better; 1 seed(s); work clock):
+          no method but the baseline
+    """
+    cfg = payload["config"]
+    metric, clock = cfg.get("metric", "metric"), cfg.get("clock", "work")
+    env = {r["method"]: r for r in payload["envelope"]["rows"]}
+    twins = {r["method"]: r for r in payload["controls"]["rows"]}
+    saved = "work" if clock == "work" else f"{clock} time"
+    head = f"the answer ({metric}, {_goal(cfg.get('goal', 'max'))}; {len(cfg.get('seeds', []))} seed(s); {clock} clock):"
+    lines = textwrap.wrap(head, width)
+    rows = [r for r in payload["summary"] if r["kind"] != "baseline" and "~" not in r["method"]]
+    for row in rows:
+        e, t = env.get(row["method"]), twins.get(row["method"])
+        verdict = overall(None if e is None else e["verdict"], None if t is None else t["verdict"])
+        figures = [
+            f"{saved} saved {_saved(row['cost_ratio_vs_baseline'])}",
+            f"{metric} vs the full baseline {_fmt(row['metric_delta_vs_baseline'], '+.3g')}",
+            "no envelope" if e is None else f"vs the envelope {_judged(e)}",
+            "no twin ran" if t is None else f"vs its twin {t['control']} {_judged(t)}",
+        ]
+        if clock == "work" and row.get("time_ratio_vs_baseline") is not None:
+            figures.append(f"time saved on this machine {_saved(row['time_ratio_vs_baseline'])}")
+        lines += textwrap.wrap(
+            f"{row['method']}: {verdict}", width, initial_indent="  ", subsequent_indent="    "
+        )
+        lines += textwrap.wrap("; ".join(figures), width, initial_indent="    ", subsequent_indent="    ")
+    if not rows:
+        lines.append("  no method but the baseline")
+    if where:
+        # a path stays whole, to copy: only a path longer than the terminal overflows it
+        lines += textwrap.wrap(
+            f"the full tables: {where}", width, break_on_hyphens=False, break_long_words=False
+        )
+    return "\n".join(lines)
+
+
 def format_summary(
-    rows: Sequence[dict[str, Any]], metric: str, goal: str, tolerance: float, clock: str = "work"
+    rows: Sequence[dict[str, Any]], metric: str, goal: str, tolerance: float | str, clock: str = "work"
 ) -> str:
     """Every arm's metric, cost on ``clock`` and work (columns: the module docstring)."""
     head, _, spec = clock_axis(clock)
-    lines = [["method", f"{metric} ({goal})", head, "vs base", "fwd", "bwd", "ideal x", "t->target"]]
+    unit = head.removesuffix(" s")
+    lines = [["method", f"{metric} ({goal})", head, f"{unit} saved", "fwd", "bwd", "ideal x", "t->target"]]
     for r in rows:
         ratio, reach = r["cost_ratio_vs_baseline"], r["to_target"]
         reach_s = (
@@ -166,14 +241,14 @@ def format_summary(
         )
         lines.append([
             r["method"], _value(r["metric_mean"], r["metric_std"]),
-            _fmt(r["cost_mean"], spec), "-" if ratio is None else f"{(ratio - 1) * 100:+.1f}%",
+            _fmt(r["cost_mean"], spec), _saved(ratio),
             _fmt(r["forward_fraction"], ".2f"), _fmt(r["backward_fraction"], ".2f"), _fmt(r["ideal_speedup"], ".2f"), reach_s,
         ])  # fmt: skip
     seeds = rows[0]["seeds"] if rows else []
     way = "-" if goal == "max" else "+"
     note = (
-        f"\nmean ± std over seeds {seeds}, on the {clock} clock; t->target: {head.removesuffix(' s')} until the "
-        f"baseline's {metric} {way} {tolerance:g} was first reached"
+        f"\nmean ± std over seeds {seeds}, on the {clock} clock; {unit} saved: against the full baseline; t->target: "
+        f"{unit} until the baseline's final {metric} {way} the tolerance, {tolerance_text(tolerance, metric)}, was first reached"
     )
     return "\n".join([*_markdown(lines), note])
 
@@ -187,8 +262,7 @@ def format_realisation(payload: dict[str, Any]) -> str:
         ratio = r["time_ratio_vs_baseline"]
         lines.append([
             r["method"], _value(r["time_s_mean"], r["time_s_std"]),
-            _fmt(None if ratio is None else (1 - ratio) * 100, ".1f", "%"),
-            _pm(r["actual_speedup"], r["actual_speedup_std"]), _pm(r["achieved_of_ideal"], r["achieved_std"]),
+            _saved(ratio), _pm(r["actual_speedup"], r["actual_speedup_std"]), _pm(r["achieved_of_ideal"], r["achieved_std"]),
             _fmt(r["cpu_speedup"], ".2f"),
         ])  # fmt: skip
     note = "\non this machine (wall-clock, training only): actual x = the full baseline's time / the arm's, paired by seed; achieved = actual / ideal"

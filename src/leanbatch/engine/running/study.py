@@ -48,7 +48,7 @@ class Study:
     metric: str = "metric"
     goal: str = "max"
     interleave: str = "epoch"
-    tolerance: float = 0.2
+    tolerance: float | str = "1%"  # judging.results.DEFAULT_TOLERANCE
     clock: str = "work"
     controls: bool = False
     config: dict[str, Any] = field(default_factory=dict)
