@@ -170,7 +170,7 @@ def test_random_pruning_never_plans_an_empty_epoch_and_stays_unbiased():
     for n, ratio in ((2, 0.99), (3, 0.9), (5, 0.99)):
         small = torch.arange(1.0, n + 1)
         pol = RandomPolicy(ratio, num_epochs=2, delta=1.0)
-        trials = 10_000
+        trials = 2_500
         counts = torch.zeros(n)
         est = torch.empty(trials, dtype=torch.float64)
         w = None
