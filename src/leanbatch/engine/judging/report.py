@@ -74,7 +74,7 @@ def closing(
     html = next((p for p in written if p.suffix == ".html"), None)
     folder = written[0].parent
     took = "" if seconds is None else f" ({seconds:.0f} s in all)"
-    where = f"{html or written[0]}" + ("" if tables else " (or --tables)")
+    where = " and ".join(str(p) for p in (html, written[0]) if p) + ("" if tables else " (or --tables)")
     parts = [format_results(payload)] if tables else []
     wrote = textwrap.fill(f"wrote {len(written)} file(s) to {folder}{took}", width, subsequent_indent="  ",
                           break_on_hyphens=False, break_long_words=False)  # fmt: skip
