@@ -10,7 +10,7 @@ from hf_setup import PadCollator, Trainer, instruction_data, params, tiny_model,
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from leanbatch import TokenSelection
-from leanbatch.hf.tokens import TokenSelectionTrainer
+from leanbatch.hf import TokenSelectionTrainer
 
 DATA = [{k: f[k] for k in ("input_ids", "labels")} for f in instruction_data(16, seed=2)]
 
