@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from selection_helpers import forbid_host_reads
 
 from leanbatch import TokenSelection
 
@@ -183,6 +184,25 @@ def test_a_training_loop_with_token_selection_trains():
     full = F.cross_entropy(model(data[:, :-1]).transpose(1, 2), data[:, 1:])
     assert losses[-1] < 0.3 * losses[0] and float(full.detach()) < 0.5
     assert ts.counts == {"batches": 60, "labelled": 60 * 32 * 15, "kept": 60 * 240}
+
+
+def test_a_step_reads_nothing_back_from_the_device(monkeypatch):
+    torch.manual_seed(0)
+    logits, ref, labels = (
+        torch.randn(3, 8, 7, requires_grad=True),
+        torch.randn(3, 8, 7),
+        torch.randint(0, 7, (3, 8)),
+    )
+    labels[0, :4] = IGN
+    excess, twin = TokenSelection(keep=0.5), TokenSelection(keep=0.5, policy="random", seed=1)
+    forbid_host_reads(monkeypatch, masks=True)
+    for ts in (excess, twin):
+        for progress in (0.5, 0.99):
+            loss = ts.loss(logits, labels, progress=progress, reference_logits=ref)
+            loss.backward()
+        ts.num_kept(labels, 0.5)
+    monkeypatch.undo()
+    assert excess.counts["kept"] == twin.counts["kept"] == 2 * int(0.5 * 18)  # 18 labelled after the shift
 
 
 @settings(max_examples=60, deadline=None)
