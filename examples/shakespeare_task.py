@@ -6,7 +6,9 @@ better). Judge the methods against the baseline trained shorter and longer (the 
 selection costs more than the baseline, a reference model's forwards and training) and their twins::
 
     leanbatch bench --task examples/shakespeare_task.py:train --metric eval_loss --seeds 0,1 --controls \\
-        --methods baseline,infobatch,token-selection --budgets 0.5,0.75,1,1.5 --batch-budgets none
+        --methods baseline,infobatch,token-selection --budgets 0.5,0.75,1,1.5 --batch-budgets none --threads 1
+
+(``--threads 1`` on a shared machine: two OpenMP threads per process stall whenever another is busy.)
 
 The text is read from ``$LEANBATCH_TEXT``, else ``../shared/data/tinyshakespeare.txt`` beside the
 checkout (any UTF-8 text works). Every arm calls ``run.token_loss``: the token arms choose tokens

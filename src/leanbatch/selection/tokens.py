@@ -156,7 +156,7 @@ class TokenSelection:
                     score = score - reference_loss.detach().to(score.device, torch.float32)
             kept = _top_share(score, labelled, self.keep)
         counts = torch.stack([labelled.sum(), kept.sum()])
-        self._counts = counts if self._counts is None else self._counts + counts
+        self._counts = counts if self._counts is None else self._counts.to(counts.device) + counts
         return kept
 
     def loss(
