@@ -104,3 +104,20 @@ def test_a_reference_of_another_vocabulary_is_refused_at_the_first_batch(tmp_pat
         TokenSelectionTrainer(
             model=model, args=training_args(str(tmp_path)), train_dataset=DATA, token_selection=0.5
         )
+
+
+def test_a_resumed_run_draws_and_trains_as_the_uninterrupted_one(tmp_path):
+    def run(out: str, steps: int, resume: str | None = None) -> TokenSelectionTrainer:
+        ts = TokenSelection(keep=0.5, policy="random", seed=5)
+        args = training_args(out, max_steps=steps, save_strategy="steps", save_steps=2)
+        trainer = TokenSelectionTrainer(model=tiny_model(0), args=args, train_dataset=DATA,
+                                        data_collator=PadCollator(), token_selection=ts)  # fmt: skip
+        trainer.train(resume_from_checkpoint=resume)
+        return trainer
+
+    whole = run(str(tmp_path / "a"), 4)  # saves checkpoint-2 on its way
+    resumed = run(str(tmp_path / "b"), 4, resume=str(tmp_path / "a" / "checkpoint-2"))
+    assert (
+        resumed.token_selection.counts == whole.token_selection.counts and resumed.token_selection.draws == 4
+    )
+    assert torch.allclose(params(resumed.model), params(whole.model), atol=1e-6)

@@ -11,6 +11,8 @@ The Trainer's own loss path, with :class:`~leanbatch.TokenSelection` as its ``co
   the selection ranks by excess loss inside its window), and the kept tokens' summed loss is divided
   by ``num_items_in_batch``. Pre-shifted ``shift_labels`` (padding-free collators) are read too.
 - Progress (the schedule's ``start``/``end``) is ``state.global_step / state.max_steps``.
+- ``_save_checkpoint`` / ``_load_optimizer_and_scheduler``: the selection's state travels in
+  ``leanbatch_tokens.pt`` inside each checkpoint folder, so a resumed run draws as the uninterrupted one.
 
 Example:
     >>> import torch
@@ -33,15 +35,20 @@ Example:
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 from transformers import Trainer
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from leanbatch.selection.tokens import TokenSelection
 
-__all__ = ["TokenSelectionTrainer"]
+__all__ = ["TOKENS_FILE", "TokenSelectionTrainer"]
+
+TOKENS_FILE = "leanbatch_tokens.pt"
+"""The file in each checkpoint folder that holds the token selection's state (its draws, its counts)."""
 
 _LABELS = ("labels", "shift_labels")
 
@@ -115,6 +122,27 @@ class TokenSelectionTrainer(Trainer):
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         finally:
             self._inputs = {}
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        if self.args.should_save:
+            out = os.path.join(
+                self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            )
+            os.makedirs(out, exist_ok=True)
+            torch.save(self.token_selection.state_dict(), os.path.join(out, TOKENS_FILE))
+        super()._save_checkpoint(model, trial)
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is None:
+            return
+        path = os.path.join(checkpoint, TOKENS_FILE)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(
+                f"resume_from_checkpoint={checkpoint!r} holds no {TOKENS_FILE}: it was not saved by a "
+                "TokenSelectionTrainer, so the token selection's draws cannot be restored"
+            )
+        self.token_selection.load_state_dict(torch.load(path, weights_only=True))
 
     def _selected_loss(self, outputs: Any, labels: Tensor | None, num_items_in_batch: Any = None) -> Tensor:
         """``compute_loss_func``: the selected tokens' loss over ``num_items_in_batch`` (the kept tokens)."""
