@@ -72,13 +72,27 @@ def test_the_twin_calls_no_reference_and_keeps_the_same_counts(tmp_path):
     assert reference.calls == 0 and all(n == k for n, k in trainer.seen)
 
 
-def test_keep_one_is_the_stock_trainers_loss(tmp_path):
-    """Every labelled token kept: the same updates as the stock Trainer (its ForCausalLMLoss, num_items_in_batch)."""
+class ShiftCollator(PadCollator):
+    """Adds labels already shifted (``shift_labels``), as padding-free collators do; they leave out each
+    row's first two targets, so a loss that read ``labels`` instead would differ."""
+
+    def __call__(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+        batch = super().__call__(features)
+        shift = torch.nn.functional.pad(batch["labels"], (0, 1), value=-100)[:, 1:].clone()
+        first = (shift != -100).long().cumsum(1) <= 2
+        batch["shift_labels"] = shift.masked_fill(first, -100)
+        return batch
+
+
+@pytest.mark.parametrize("collator", [PadCollator, ShiftCollator])
+def test_keep_one_is_the_stock_trainers_loss(tmp_path, collator):
+    """Every labelled token kept: the same updates as the stock Trainer (its ForCausalLMLoss, num_items_in_batch),
+    from labels or from pre-shifted shift_labels."""
     runs = []
     for cls in (Trainer, TokenSelectionTrainer):
         extra = {} if cls is Trainer else {"token_selection": TokenSelection(keep=1.0)}
         trainer = cls(model=tiny_model(0), args=training_args(str(tmp_path), max_steps=3, gradient_accumulation_steps=2),
-                      train_dataset=DATA, data_collator=PadCollator(), **extra)  # fmt: skip
+                      train_dataset=DATA, data_collator=collator(), **extra)  # fmt: skip
         trainer.train()
         runs.append(params(trainer.model))
     assert torch.allclose(runs[0], runs[1], atol=1e-6)

@@ -88,7 +88,8 @@ class TokenSelectionTrainer(Trainer):
         self.reference_model = reference_model
         if reference_model is not None:
             reference_model.to(self.args.device).eval().requires_grad_(False)
-        self._inputs: dict[str, Any] = {}
+        self._inputs: dict[str, Any] = {}  # this micro-batch's model inputs, for the reference model
+        self._shift: Tensor | None = None  # its pre-shifted labels, if the collator made them
 
     @property
     def progress(self) -> float:
@@ -118,10 +119,11 @@ class TokenSelectionTrainer(Trainer):
     ) -> Any:
         """The Trainer's ``compute_loss``, the inputs kept for the reference model's forward."""
         self._inputs = {k: v for k, v in inputs.items() if k not in _LABELS}
+        self._shift = inputs.get("shift_labels")
         try:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         finally:
-            self._inputs = {}
+            self._inputs, self._shift = {}, None
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
         if self.args.should_save:
@@ -146,8 +148,7 @@ class TokenSelectionTrainer(Trainer):
 
     def _selected_loss(self, outputs: Any, labels: Tensor | None, num_items_in_batch: Any = None) -> Tensor:
         """``compute_loss_func``: the selected tokens' loss over ``num_items_in_batch`` (the kept tokens)."""
-        ts, inputs = self.token_selection, self._inputs
-        shift = inputs.get("shift_labels")
+        ts, inputs, shift = self.token_selection, self._inputs, self._shift
         reference = None
         if self.reference_model is not None and ts.policy == "excess" and ts.is_active(self.progress):
             with torch.no_grad():
