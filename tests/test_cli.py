@@ -432,7 +432,8 @@ def test_python_dash_m_and_no_traceback(tmp_path: Path) -> None:
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.strip() == (
         "leanbatch: error: unknown method 'nope'; choose from baseline, random, infobatch, sb, infobatch+sb, "
-        "rs2, epsilon-greedy, ucb, seta, obs, sb-proxy, obs-epoch, rho-loss, uniform, infobatch+uniform"
+        "rs2, epsilon-greedy, ucb, seta, obs, sb-proxy, obs-epoch, rho-loss, uniform, infobatch+uniform, "
+        "token-selection"
     )
 
 

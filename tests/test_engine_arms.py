@@ -32,7 +32,7 @@ from leanbatch.selection import RhoLoss
 
 KINDS = (
     "baseline", "random", "infobatch", "sb", "infobatch+sb", "rs2", "epsilon-greedy", "ucb", "seta", "obs",
-    "sb-proxy", "obs-epoch", "rho-loss", "uniform", "infobatch+uniform",
+    "sb-proxy", "obs-epoch", "rho-loss", "uniform", "infobatch+uniform", "token-selection",
 )  # fmt: skip
 
 

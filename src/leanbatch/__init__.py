@@ -36,6 +36,7 @@ if TYPE_CHECKING:  # what a type checker sees; at run time, _HOME (a test keeps 
     from leanbatch.selection.rules import select_by_loss_rank, select_indices
     from leanbatch.selection.schedule import should_selective_backprop
     from leanbatch.selection.selective_backprop import SelectiveBackprop
+    from leanbatch.selection.tokens import TokenSelection
     from leanbatch.streams import StreamInfoBatch
 
 _HOME = {
@@ -66,6 +67,7 @@ _HOME = {
     "should_selective_backprop": "leanbatch.selection.schedule",
     "select_by_loss_rank": "leanbatch.selection.rules",
     "select_indices": "leanbatch.selection.rules",
+    "TokenSelection": "leanbatch.selection.tokens",
 }
 __all__ = sorted(_HOME)
 __version__ = "0.1.0"

@@ -26,6 +26,7 @@ from leanbatch.arms.registry import MAX_BUDGET, REGISTRY, MethodKind, SelectorCo
 from leanbatch.checks import check_real
 from leanbatch.policies import Policy
 from leanbatch.selection import Selector
+from leanbatch.selection.tokens import TokenSelection
 
 __all__ = [
     "DEFAULT_BATCH_BUDGETS",
@@ -103,6 +104,11 @@ class Arm:
         return self.method.selects
 
     @property
+    def selects_tokens(self) -> bool:
+        """Token-level selection is part of this arm (``run.token_loss``)."""
+        return self.method.selects_tokens
+
+    @property
     def budget(self) -> float:
         """The share of the full run's steps this arm trains (1 but for the step-budget baselines)."""
         return float(self.settings.get("budget", 1.0))
@@ -129,6 +135,15 @@ class Arm:
     def selector(self, context: SelectorContext) -> Selector:
         """This arm's selector (``selects`` only)."""
         return self.method.build_selector(self.settings, context)
+
+    def token_selection(self, seed: int) -> TokenSelection:
+        """This arm's token selection (``selects_tokens`` only), seeded for the run.
+
+        Example:
+            >>> parse_methods("token-selection[keep=0.7]")[0].token_selection(0)
+            TokenSelection(keep=0.7, start=0.0, end=1.0, policy='excess', seed=0)
+        """
+        return self.method.build_tokens(self.settings, seed)
 
     def probe_selector(self) -> Selector:
         """This arm's selector built for checks: seed 0, a one-sample memory, zero irreducible losses,
@@ -170,6 +185,8 @@ class Arm:
                 self.policy(8, seed=0)
             if self.selects:
                 self.probe_selector()
+            if self.selects_tokens:
+                self.token_selection(0)
         except (TypeError, ValueError) as e:
             raise ArmError(f"{self.label}: {e}") from None
 

@@ -1,15 +1,16 @@
 """Every method an arm can run, registered once: its family, its settings, how to build it, its twin.
 
-A :class:`MethodKind` holds a method's name, its family (``baseline``, ``pruning``, ``selecting``
-or ``both``), a one-line description, its settings *named as the library names them* with the
+A :class:`MethodKind` holds a method's name, its family (``baseline``, ``pruning``, ``selecting``,
+``both`` or ``tokens``), a one-line description, its settings *named as the library names them* with the
 papers' defaults, and the builders of the library objects: the pruning policy (for
-:class:`~leanbatch.InfoBatch`) and the selector (a :class:`~leanbatch.selection.Selector`). An arm
+:class:`~leanbatch.InfoBatch`), the selector (a :class:`~leanbatch.selection.Selector`) or the
+token selection (a :class:`~leanbatch.TokenSelection`, trained through ``run.token_loss``). An arm
 is validated by building them, so a bad value fails with the library's own one-line message.
 
 ``twin`` (a :class:`Twin`) says how to make the arm that spends the same budget uniformly at
 random: InfoBatch's is ``random``; Selective Backprop's (and the proxy's, RHO-LOSS's) the
 ``uniform`` kind with the same window and keep; online batch selection's itself at
-``pressure=1`` (:mod:`~leanbatch.engine.judging.controls`).
+``pressure=1``; token selection's itself at ``policy=random`` (:mod:`~leanbatch.engine.judging.controls`).
 
 Example:
     >>> REGISTRY["rs2"].family, [s.name for s in REGISTRY["rs2"].settings]
@@ -39,6 +40,7 @@ from leanbatch import (
     RS2Policy,
     SelectiveBackprop,
     SeTaPolicy,
+    TokenSelection,
     UCBPolicy,
 )
 from leanbatch.checks import check_choice, check_real
@@ -131,6 +133,7 @@ class MethodKind:
     policy: Callable[[Settings, int, int], Policy] | None = None  # (settings, num_epochs, seed)
     selector: Callable[[Settings, SelectorContext], Selector] | None = None
     twin: Twin | None = None
+    tokens: Callable[[Settings, int], TokenSelection] | None = None  # (settings, seed)
     default_run: bool = False  # one of the arms of a plain ``leanbatch bench``
 
     @property
@@ -142,6 +145,17 @@ class MethodKind:
     def selects(self) -> bool:
         """Batch-level selection (a selector called on every batch)."""
         return self.selector is not None
+
+    @property
+    def selects_tokens(self) -> bool:
+        """Token-level selection (a :class:`~leanbatch.TokenSelection` in ``run.token_loss``)."""
+        return self.tokens is not None
+
+    def build_tokens(self, settings: Settings, seed: int) -> TokenSelection:
+        """The token selection of ``settings``, seeded for the run."""
+        if self.tokens is None:
+            raise ValueError(f"{self.name} does not select tokens")
+        return self.tokens(settings, seed)
 
     def setting(self, name: str) -> Setting | None:
         """The setting called ``name`` (``None``: not one of this kind's)."""
@@ -352,6 +366,15 @@ _KINDS = (
         (*_INFOBATCH, *(s for s in _SB if s.name != "scale_factor")),
         policy=_rescaled(InfoBatchPolicy), selector=_uniform,
     ),
+    MethodKind(
+        "token-selection", "tokens",
+        "RHO-1's selective language modelling (Lin et al. 2024): train the tokens of largest loss minus a reference's",
+        (Setting("keep", 0.6), Setting("start", 0.0), Setting("end", 1.0),
+         Setting("policy", "excess", "choice", ("excess", "random"),
+                 lambda v: check_choice(v, "policy", ("excess", "random")))),
+        tokens=lambda s, seed: TokenSelection(s["keep"], s["start"], s["end"], policy=s["policy"], seed=seed),
+        twin=Twin("token-selection", (("policy", "random"),)),
+    ),
 )  # fmt: skip
 REGISTRY: dict[str, MethodKind] = {k.name: k for k in _KINDS}
 
@@ -387,7 +410,10 @@ def kinds_help(width: int = 100) -> str:
     ]  # fmt: skip
     for k in REGISTRY.values():
         if k.twin is not None:
-            fixed = ",".join(f"{name}={'none' if v is None else f'{v:g}'}" for name, v in k.twin.fixed)
+            fixed = ",".join(
+                f"{name}={'none' if v is None else v if isinstance(v, str) else f'{v:g}'}"
+                for name, v in k.twin.fixed
+            )
             twin = f"{k.twin.kind}{f'[{fixed}]' if fixed else ''}"
             lines += wrapped(
                 f"  {k.name} -> {k.name}~{k.twin.name} ", f"({twin} with the method's other settings)", "    "

@@ -65,6 +65,7 @@ from leanbatch.optional import import_with_extra
 
 if TYPE_CHECKING:
     from leanbatch.hf.lean_trainer import LeanBatchTrainer, leanbatch_trainer
+    from leanbatch.hf.tokens import TokenSelectionTrainer
     from leanbatch.hf.trainer import STATE_FILE
 
 __all__ = [
@@ -72,6 +73,7 @@ __all__ = [
     "STATE_FILE",
     "IndexedDataset",
     "LeanBatchTrainer",
+    "TokenSelectionTrainer",
     "leanbatch_trainer",
     "sequence_scores",
     "token_losses",
@@ -83,6 +85,7 @@ _NEEDS_TRANSFORMERS = {
     "STATE_FILE": "leanbatch.hf.trainer",
     "LeanBatchTrainer": "leanbatch.hf.lean_trainer",
     "leanbatch_trainer": "leanbatch.hf.lean_trainer",
+    "TokenSelectionTrainer": "leanbatch.hf.tokens",
 }
 
 

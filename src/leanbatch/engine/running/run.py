@@ -52,6 +52,7 @@ from leanbatch.engine.running.data import (
 from leanbatch.engine.running.selecting import Pick, select
 from leanbatch.engine.running.tally import Tally
 from leanbatch.selection import Selector
+from leanbatch.selection.tokens import TokenSelection
 
 __all__ = ["Clock", "Run"]
 
@@ -148,6 +149,7 @@ class Run:
         self.turn: Callable[[], None] = lambda: None  # the scheduler's: run.log hands the turn on
         self._batch: int | None = None  # the task's batch size (run.batch_size)
         self._selector: Selector | None = None
+        self._tokens: TokenSelection | None = None  # a token arm's, built at its first run.token_loss
         self._sizes: tuple[int, int] | None = None  # (samples, epochs) of the full run
         self._min_batch = 1
         self._batches = 0  # run.select calls since the last run.log (a batch's index in its epoch)
@@ -242,6 +244,11 @@ class Run:
                     "it selects rows of each batch, but the task trained a step without run.select(...), the "
                     "batch-level selection hook: add it to the loop (docs/bench.md) or leave the arm out"
                 )
+            if self.arm.selects_tokens and self._tokens is None:
+                raise StudyError(
+                    "it selects tokens, but the task trained a step without run.token_loss(ds, logits, labels), "
+                    "the token hook: compute the loss with it (docs/language-models.md) or leave the arm out"
+                )
         if self._batch is not None and rows > (most := Budget(batch=self.arm.batch).rows(self._batch)):
             raise StudyError(
                 f"trained a batch of {rows} rows where run.batch_size({self._batch}) gave {most}: build the "
@@ -315,6 +322,22 @@ class Run:
             return Pick(batch, None, indices)
         p = self.progress if progress is None else progress
         return select(selector, self.settings, batch, model, loss_fn, p, idx, indices, self._min_batch, lr)
+
+    def token_loss(
+        self, data: Any, logits: Tensor, labels: Tensor | None = None, *, shift_labels: Tensor | None = None,
+        indices: Tensor | None = None, reference: Callable[[], Any] | None = None, reference_cost: float = 1.0,
+    ) -> Tensor:  # fmt: skip
+        """The loss to backpropagate from a causal LM's ``logits`` and ``labels`` (or ``shift_labels``):
+        a token arm's selected tokens, each sequence's mean token loss through ``data`` for the others;
+        ``reference() -> logits`` is called (and charged at ``reference_cost``) only when ranking by
+        excess loss (:mod:`~leanbatch.engine.running.tokens`)."""
+        from leanbatch.engine.running.tokens import token_step
+
+        if self.arm.selects_tokens and self._tokens is None:
+            self._tokens = self.arm.token_selection(self.seed)
+            self.note(token_keep=self._tokens.keep, token_policy=self._tokens.policy)
+        args = (logits, labels, shift_labels, indices, reference, reference_cost)
+        return token_step(self.progress, self.charge, self._tokens, data, *args)
 
     @property
     def progress(self) -> float:

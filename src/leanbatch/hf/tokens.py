@@ -1,0 +1,169 @@
+"""``TokenSelectionTrainer``: a ``transformers.Trainer`` that trains RHO-1's selected tokens.
+
+The Trainer's own loss path, with :class:`~leanbatch.TokenSelection` as its ``compute_loss_func``:
+
+- ``_get_num_items_in_batch``: the Trainer counts the labelled tokens of every micro-batch of an
+  accumulation group (and across processes with ``average_tokens_across_devices``) to normalise
+  the loss; here it counts the tokens each micro-batch *keeps* (``TokenSelection.num_kept``, on the
+  device), handed to the Trainer's own counting, so its gathering across processes is unchanged.
+- ``compute_loss``: the Trainer pops ``labels`` and runs the model; the selection ranks the tokens
+  by their loss minus ``reference_model``'s on the same inputs (run without gradient, only when
+  the selection ranks by excess loss inside its window), and the kept tokens' summed loss is divided
+  by ``num_items_in_batch``. Pre-shifted ``shift_labels`` (padding-free collators) are read too.
+- Progress (the schedule's ``start``/``end``) is ``state.global_step / state.max_steps``.
+- ``_save_checkpoint`` / ``_load_optimizer_and_scheduler``: the selection's state travels in
+  ``leanbatch_tokens.pt`` inside each checkpoint folder, so a resumed run draws as the uninterrupted one.
+
+Example:
+    >>> import torch
+    >>> from transformers import LlamaConfig, LlamaForCausalLM, TrainingArguments
+    >>> from leanbatch import TokenSelection
+    >>> cfg = LlamaConfig(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+    ...                   num_attention_heads=2, num_key_value_heads=1)
+    >>> model, reference = LlamaForCausalLM(cfg), LlamaForCausalLM(cfg)
+    >>> data = [{"input_ids": torch.arange(6) + i % 4, "labels": torch.arange(6) + i % 4} for i in range(8)]
+    >>> args = TrainingArguments("/tmp/leanbatch-doctest", max_steps=2, per_device_train_batch_size=4,
+    ...                          use_cpu=True, report_to="none", save_strategy="no", disable_tqdm=True)
+    >>> ts = TokenSelection(keep=0.6)
+    >>> trainer = TokenSelectionTrainer(model=model, args=args, train_dataset=data, token_selection=ts,
+    ...                                 reference_model=reference)
+    >>> _ = trainer.train()  # doctest: +ELLIPSIS
+    {'train_runtime': ...}
+    >>> ts.counts   # 4 rows of 5 labelled tokens after the shift: 12 kept per step
+    {'batches': 2, 'labelled': 40, 'kept': 24}
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from transformers import Trainer
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+from leanbatch.selection.tokens import TokenSelection
+
+__all__ = ["TOKENS_FILE", "TokenSelectionTrainer"]
+
+TOKENS_FILE = "leanbatch_tokens.pt"
+"""The file in each checkpoint folder that holds the token selection's state (its draws, its counts)."""
+
+_LABELS = ("labels", "shift_labels")
+
+
+class TokenSelectionTrainer(Trainer):
+    """``transformers.Trainer`` training the tokens ``token_selection`` keeps (see the module docstring).
+
+    Arguments: those of ``Trainer`` (not ``compute_loss_func``: the selection is the loss), and
+    ``token_selection`` (a :class:`~leanbatch.TokenSelection`; ``policy="random"`` is the twin, which
+    needs no reference) and ``reference_model`` (RHO-1's reference: the same tokenizer and
+    vocabulary; moved to the training device, kept in eval mode, never trained; ``None``: rank
+    by the loss itself).
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        token_selection: TokenSelection,
+        reference_model: nn.Module | None = None,
+        **kwargs: Any,
+    ):
+        if not isinstance(token_selection, TokenSelection):
+            raise TypeError(
+                f"token_selection must be a leanbatch.TokenSelection, got {type(token_selection).__name__}"
+            )
+        if kwargs.pop("compute_loss_func", None) is not None:
+            raise ValueError(
+                "compute_loss_func: token selection is this trainer's loss; drop compute_loss_func"
+            )
+        if reference_model is not None and not isinstance(reference_model, nn.Module):
+            raise TypeError(
+                f"reference_model must be a torch.nn.Module, got {type(reference_model).__name__}"
+            )
+        kwargs["compute_loss_func"] = self._selected_loss
+        super().__init__(*args, **kwargs)
+        self.token_selection = token_selection
+        self.reference_model = reference_model
+        if reference_model is not None:
+            reference_model.to(self.args.device).eval().requires_grad_(False)
+        self._inputs: dict[str, Any] = {}  # this micro-batch's model inputs, for the reference model
+        self._shift: Tensor | None = None  # its pre-shifted labels, if the collator made them
+
+    @property
+    def progress(self) -> float:
+        """The fraction of training done: ``state.global_step / state.max_steps`` (0 before training)."""
+        total = self.state.max_steps
+        return min(1.0, self.state.global_step / total) if total else 0.0
+
+    def _get_num_items_in_batch(self, batch_samples: list, device: torch.device) -> Tensor | int | None:
+        """The Trainer's own count over what each micro-batch keeps: its ``shift_labels`` replaced by
+        as many counted entries (the rest -100) as the selection keeps of it (no host sync)."""
+        marked = []
+        for batch in batch_samples:
+            targets = _targets(batch, self.token_selection.ignore_index)
+            if targets is None:  # no labels: the Trainer counts nothing either
+                return super()._get_num_items_in_batch(batch_samples, device)
+            k = self.token_selection.num_kept(targets, self.progress)
+            first_k = torch.arange(targets.numel(), device=targets.device) < k
+            marked.append({**batch, "shift_labels": torch.where(first_k, 0, -100)})
+        return super()._get_num_items_in_batch(marked, device)
+
+    def compute_loss(
+        self,
+        model: nn.Module,
+        inputs: dict[str, Any],
+        return_outputs: bool = False,
+        num_items_in_batch: Any = None,
+    ) -> Any:
+        """The Trainer's ``compute_loss``, the inputs kept for the reference model's forward."""
+        self._inputs = {k: v for k, v in inputs.items() if k not in _LABELS}
+        self._shift = inputs.get("shift_labels")
+        try:
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        finally:
+            self._inputs, self._shift = {}, None
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        if self.args.should_save:
+            out = os.path.join(
+                self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            )
+            os.makedirs(out, exist_ok=True)
+            torch.save(self.token_selection.state_dict(), os.path.join(out, TOKENS_FILE))
+        super()._save_checkpoint(model, trial)
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is None:
+            return
+        path = os.path.join(checkpoint, TOKENS_FILE)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(
+                f"resume_from_checkpoint={checkpoint!r} holds no {TOKENS_FILE}: it was not saved by a "
+                "TokenSelectionTrainer, so the token selection's draws cannot be restored"
+            )
+        self.token_selection.load_state_dict(torch.load(path, weights_only=True))
+
+    def _selected_loss(self, outputs: Any, labels: Tensor | None, num_items_in_batch: Any = None) -> Tensor:
+        """``compute_loss_func``: the selected tokens' loss over ``num_items_in_batch`` (the kept tokens)."""
+        ts, inputs, shift = self.token_selection, self._inputs, self._shift
+        reference = None
+        if self.reference_model is not None and ts.policy == "excess" and ts.is_active(self.progress):
+            with torch.no_grad():
+                reference = self.reference_model(**inputs).logits
+        return ts.loss(
+            outputs.logits, None if shift is not None else labels, shift_labels=shift, progress=self.progress,
+            reference_logits=reference, num_items_in_batch=num_items_in_batch,
+        )  # fmt: skip
+
+
+def _targets(batch: Any, ignore_index: int) -> Tensor | None:
+    """A micro-batch's shifted labels (``shift_labels``, or ``labels`` shifted); None without labels."""
+    if "shift_labels" in batch:
+        return batch["shift_labels"]
+    labels = batch.get("labels") if hasattr(batch, "get") else None
+    if not isinstance(labels, Tensor):
+        return None
+    return torch.nn.functional.pad(labels, (0, 1), value=ignore_index)[..., 1:]
