@@ -26,7 +26,7 @@ from hf_setup import (
 )
 from transformers import DataCollatorWithFlattening
 
-from leanbatch import InfoBatch, Plan, ProgressLR, SelectiveBackprop, cosine
+from leanbatch import InfoBatch, Plan, ProgressLR, SelectiveBackprop, StreamInfoBatch, cosine
 from leanbatch.hf import INDEX_KEY, LeanBatchTrainer, leanbatch_trainer
 
 N = 22  # batches of 4: five full and one of 2 per full epoch
@@ -251,6 +251,8 @@ def test_misconfigurations_are_refused_with_the_fix(tmp_path):
     model = tiny_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    stream = StreamInfoBatch(lambda: ({"id": i, **d} for i, d in enumerate(data)), 2, key="id")
+    steps = training_args(str(tmp_path), max_steps=4)
     refusals = [
         (r"shard=False", {"train_dataset": InfoBatch(data, 2)}),
         (
@@ -282,6 +284,11 @@ def test_misconfigurations_are_refused_with_the_fix(tmp_path):
         (r"sets num_epochs itself", {"train_dataset": data, "infobatch": {"num_epochs": 2}}),
         (r"not both", {"infobatch": {"prune_ratio": 0.5}}),
         (r"dict of InfoBatch settings", {"train_dataset": data, "infobatch": 0.5}),
+        (
+            r"train_dataset: a StreamInfoBatch",
+            {"train_dataset": stream, "args": steps},
+        ),  # a stream needs them
+        (r"train_dataset: a StreamInfoBatch", {"train_dataset": stream.dataset, "args": steps}),
     ]
     for match, kw in refusals:
         _refusal(tmp_path, match, **kw)

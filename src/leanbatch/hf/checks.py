@@ -17,6 +17,8 @@ from torch.optim.lr_scheduler import ReduceLROnPlateau
 from leanbatch.infobatch import InfoBatch
 from leanbatch.schedule import ProgressLR
 from leanbatch.selection.selective_backprop import SelectiveBackprop
+from leanbatch.stream_data import PrunedStream
+from leanbatch.streams import StreamInfoBatch
 
 __all__ = ["check_setup", "wrap_train_dataset"]
 
@@ -67,6 +69,13 @@ def check_setup(trainer: Any, infobatch: InfoBatch | None, sb: Any) -> None:
         nothing to do
     """
     args = trainer.args
+    if isinstance(getattr(trainer, "train_dataset", None), (StreamInfoBatch, PrunedStream)):
+        raise ValueError(
+            "train_dataset: a StreamInfoBatch (or its .dataset) is not driven by the Trainer adapter, whose "
+            "loader would drop its key column (remove_unused_columns) and whose epochs are an index's; "
+            "train a stream in your own loop with sib.update(loss, keys) (docs/streams.md), or pass a "
+            "map-style dataset with infobatch={...}"
+        )
     if infobatch is None and sb is None:
         raise ValueError(
             "nothing to do: pass train_dataset=InfoBatch(train_set, num_epochs, ..., shard=False) (InfoBatch or "
