@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hf_setup import PadCollator, Recorder, instruction_data, params, tiny_model, training_args
+from hf_setup import PadCollator, Recorder, instruction_data, params, tiny_model, token_sums, training_args
 from transformers import DataCollatorWithFlattening
 
 from leanbatch import InfoBatch, SelectiveBackprop
@@ -26,11 +26,13 @@ def data() -> list[dict]:
     return examples
 
 
-def run(tmp_path, name: str, collator) -> Recorder:
+def run(tmp_path, name: str, collator, **kw) -> Recorder:
     ds = InfoBatch(data(), EPOCHS, prune_ratio=0.5, delta=0.67, seed=1, shard=False)
     trainer = Recorder(
         model=tiny_model(),
-        args=training_args(str(tmp_path / name), num_train_epochs=EPOCHS, gradient_accumulation_steps=2),
+        args=training_args(
+            str(tmp_path / name), num_train_epochs=EPOCHS, gradient_accumulation_steps=2, **kw
+        ),
         train_dataset=ds,
         data_collator=collator,
     )
@@ -40,7 +42,10 @@ def run(tmp_path, name: str, collator) -> Recorder:
 
 def test_packed_infobatch_trains_the_plans_scores_and_weights_of_padded_batches(tmp_path):
     padded = run(tmp_path, "padded", PadCollator())
-    packed = run(tmp_path, "packed", DataCollatorWithFlattening(return_flash_attn_kwargs=True))
+    # use_cache=True: the model's cache would hide the packed sequences from its attention; not in training
+    packed = run(
+        tmp_path, "packed", DataCollatorWithFlattening(return_flash_attn_kwargs=True), use_cache=True
+    )
     pds, kds = padded.infobatch, packed.infobatch
     assert [s["pruning"] for s in kds.epoch_stats] == [False, True, False] and kds.epoch_stats[1][
         "pruned"
@@ -117,3 +122,31 @@ def test_selective_backprop_on_packed_rows_is_refused(tmp_path):
     with pytest.raises(ValueError, match="a packed row cannot skip the backward of one of its sequences"):
         trainer.train()
     assert trainer.state.global_step == 0
+
+
+def test_a_collators_shift_labels_are_the_labels_the_loss_reads(tmp_path):
+    """``shift_labels`` (labels shifted by the collator, as context parallelism makes them) decide the
+    scores and the token count, not ``labels``, which here label every token, prompt included."""
+
+    def shifted(features):
+        batch = PadCollator()(features)
+        batch["shift_labels"] = torch.nn.functional.pad(batch["labels"][:, 1:], (0, 1), value=-100)
+        batch["labels"] = batch["input_ids"].clone()
+        return batch
+
+    examples = instruction_data(8)
+    trainer = Recorder(
+        model=tiny_model(),
+        args=training_args(str(tmp_path), num_train_epochs=1, learning_rate=0.0),
+        train_dataset=InfoBatch(examples, 1, shard=False),
+        data_collator=shifted,
+    )
+    trainer.train()
+    by_hand = [token_sums(trainer.model, ex) for ex in examples]
+    expected = torch.tensor([s / c if c else float("nan") for s, c in by_hand])
+    torch.testing.assert_close(
+        trainer.infobatch.scores.values, expected, rtol=1e-5, atol=1e-6, equal_nan=True
+    )
+    assert [m["num_items"] for m in trainer.micro] == [
+        sum(by_hand[i][1] for i in m["indices"]) for m in trainer.micro
+    ]

@@ -353,7 +353,8 @@ class LeanbatchMixin(_Base):
         if step is None:
             return weighted_loss(tok, counted, None, num_items_in_batch)
         if step.packing is None:
-            weights = self._lb_score(step, sequence_losses(tok.detach(), counted), None)
+            rows_counted = counted if step.rows.positions is None else None  # what the loss reads counts
+            weights = self._lb_score(step, sequence_losses(tok.detach(), counted), rows_counted)
             return weighted_loss(tok, counted, weights, num_items_in_batch)
         ids, losses, per_sample = packed_losses(tok.detach(), labels, step.packing, shift)
         weights = self._lb_score(step, losses, per_sample)
@@ -373,7 +374,7 @@ class LeanbatchMixin(_Base):
         assert ds is not None
         rows, dev, spare = step.rows, losses.device, ds.scores.num_samples
         scores_rows = _scoring_rows(rows, step.first, step.plan.num_kept, spare).to(dev, non_blocking=True)
-        if counted is not None:  # packed: which samples hold a labelled token is known on the device
+        if counted is not None:  # which samples hold a labelled token the loss read, on the device
             scores_rows = torch.where(counted > 0, scores_rows, spare)
         kept, trained = rows.indices.to(dev, non_blocking=True), losses.shape[0]
         if rows.positions is not None:  # every process stores all its rows, unkept ones nowhere
