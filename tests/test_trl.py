@@ -201,6 +201,17 @@ def test_selective_backprop_trains_padded_batches_and_is_refused_on_packed_rows(
     assert trainer.state.global_step == 0
 
 
+def test_trls_dft_loss_is_refused_with_infobatch(tmp_path):
+    with pytest.raises(ValueError, match="args.loss_type='dft'"):
+        LeanSFT(
+            model=llama(),
+            args=config(tmp_path, "padded", loss_type="dft"),
+            train_dataset=dataset(),
+            processing_class=tokenizer(),
+            infobatch={"prune_ratio": 0.5},
+        )
+
+
 def test_a_mid_epoch_resume_trains_the_uninterrupted_runs_plans(tmp_path):
     kw = dict(save_strategy="steps", save_steps=1)
     full = train(tmp_path / "full", "padding_free", **kw)

@@ -129,6 +129,12 @@ def _check_infobatch(trainer: Any, ds: InfoBatch) -> None:
             "compute_loss_func: InfoBatch needs per-sequence losses to score and weight, so the adapter "
             "computes the loss itself; drop compute_loss_func"
         )
+    loss_type = getattr(args, "loss_type", "nll")  # TRL's SFTConfig
+    if loss_type != "nll":
+        raise ValueError(
+            f"args.loss_type={loss_type!r}: InfoBatch scores and weights each sequence's token cross-entropy, "
+            "which it computes itself (TRL would silently train that instead); set loss_type='nll'"
+        )
     if args.label_smoothing_factor != 0:
         raise ValueError(
             f"args.label_smoothing_factor={args.label_smoothing_factor} is not supported with InfoBatch "
