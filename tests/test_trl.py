@@ -29,14 +29,6 @@ LeanSFT = leanbatch_trainer(SFTTrainer)
 MODES = {"padded": {}, "padding_free": {"padding_free": True}, "bfd": {"packing": True, "max_length": 32}}
 
 
-def llama(seed: int = 0):
-    """The tiny Llama with eager attention: on the CPU, sdpa's packed masks (torch 2.13, transformers
-    5.25) give some packed sequences' logits 2e-3 off the same sequences alone; eager is exact."""
-    model = tiny_model(seed)
-    model.config._attn_implementation = "eager"
-    return model
-
-
 def tokenizer() -> PreTrainedTokenizerFast:
     vocab = {"<pad>": 0, "<s>": 1, "</s>": 2, **{f"t{i}": i for i in range(3, VOCAB)}}
     words = Tokenizer(WordLevel(vocab, unk_token="<pad>"))
@@ -59,6 +51,7 @@ def config(out, mode: str, **kw) -> SFTConfig:
         per_device_train_batch_size=4,
         learning_rate=3e-3,
         max_length=None,  # padding-free without packing needs it; padded runs then keep every example
+        bf16=False,  # TRL's default is True: bf16 autocast, even on the CPU; these runs compare float32
         use_cpu=True,
         report_to="none",
         disable_tqdm=True,
@@ -87,7 +80,7 @@ class Recorder(LeanSFT):
 
 def train(out, mode: str, infobatch=None, model_seed: int = 0, resume=None, **kw) -> Recorder:
     trainer = Recorder(
-        model=llama(model_seed),
+        model=tiny_model(model_seed),
         args=config(out, mode, **kw),
         train_dataset=dataset(),
         processing_class=tokenizer(),
@@ -126,9 +119,11 @@ def test_bfd_packing_scores_each_packed_row_as_its_sequences_give_it_unpacked(tm
     assert trainer.infobatch.epoch_stats[1]["pruned"] > 0 and {2.0} <= set(trainer.plans[1][1])
 
 
-def test_weights_one_equal_trls_own_loss_path(tmp_path):
-    """Every sample kept with weight 1: the losses and gradients of TRL's ``compute_loss_func`` path
-    with the model's own loss (padding-free batches, gradient accumulation)."""
+@pytest.mark.parametrize("path", ["fused_lm_head", "compute_loss_func"])
+def test_weights_one_equal_trls_own_loss_path(tmp_path, path):
+    """Every sample kept with weight 1: the losses and gradients of TRL's own loss (padding-free
+    batches, gradient accumulation), its default (a fused LM head, whose chunked backward agrees to
+    about 1e-4) and its ``compute_loss_func`` path with the model's own loss."""
 
     def keep_all_weight_one(scores, epoch, generator):
         return Plan(epoch, scores.numel(), None, torch.ones(scores.numel()), None, True)
@@ -138,7 +133,7 @@ def test_weights_one_equal_trls_own_loss_path(tmp_path):
     )
     lean_trace, stock_trace = Trace(grads=True), Trace(grads=True)
     lean = Recorder(
-        model=llama(),
+        model=tiny_model(),
         args=config(tmp_path / "lean", "padding_free", **kw),
         train_dataset=dataset(),
         processing_class=tokenizer(),
@@ -159,7 +154,7 @@ def test_weights_one_equal_trls_own_loss_path(tmp_path):
         def _get_train_sampler(self, train_dataset=None):
             return FixedOrder()
 
-    model = llama()
+    model = tiny_model()
 
     def model_loss(outputs, labels, num_items_in_batch=None):
         return model.loss_function(outputs.logits, labels, VOCAB, num_items_in_batch=num_items_in_batch)
@@ -169,23 +164,24 @@ def test_weights_one_equal_trls_own_loss_path(tmp_path):
         args=config(tmp_path / "stock", "padding_free", **kw),
         train_dataset=dataset(),
         processing_class=tokenizer(),
-        compute_loss_func=model_loss,
+        compute_loss_func=model_loss if path == "compute_loss_func" else None,
         callbacks=[stock_trace],
     )
     stock.train()
     losses = [[h["loss"] for h in t.state.log_history if "loss" in h] for t in (lean, stock)]
     assert len(losses[0]) == 4
     torch.testing.assert_close(losses[0], losses[1], rtol=1e-6, atol=1e-7)
+    tol = 1e-4 if path == "fused_lm_head" else 1e-6  # of the largest gradient
     for g_lean, g_stock in zip(lean_trace.grads, stock_trace.grads, strict=True):
-        torch.testing.assert_close(g_lean, g_stock, rtol=1e-5, atol=1e-7)
-    torch.testing.assert_close(params(lean.model), params(stock.model), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(g_lean, g_stock, rtol=0, atol=tol * float(g_stock.abs().max()))
+    torch.testing.assert_close(params(lean.model), params(stock.model), rtol=0, atol=10 * tol)
 
 
 def test_selective_backprop_trains_padded_batches_and_is_refused_on_packed_rows(tmp_path):
     def build(mode):
         sb = SelectiveBackprop(start=0.0, end=1.0, keep=0.5, scale_factor=1.0, interrupt=0)
         return LeanSFT(
-            model=llama(),
+            model=tiny_model(),
             args=config(tmp_path / mode, mode, num_train_epochs=1),
             train_dataset=dataset(),
             processing_class=tokenizer(),
@@ -204,7 +200,7 @@ def test_selective_backprop_trains_padded_batches_and_is_refused_on_packed_rows(
 def test_trls_dft_loss_is_refused_with_infobatch(tmp_path):
     with pytest.raises(ValueError, match="args.loss_type='dft'"):
         LeanSFT(
-            model=llama(),
+            model=tiny_model(),
             args=config(tmp_path, "padded", loss_type="dft"),
             train_dataset=dataset(),
             processing_class=tokenizer(),
