@@ -124,22 +124,7 @@ def _check_infobatch(trainer: Any, ds: InfoBatch) -> None:
             f"args.num_train_epochs={args.num_train_epochs} but InfoBatch(num_epochs={ds.num_epochs}): the "
             "annealing epochs are placed by num_epochs, so the two must be equal"
         )
-    if getattr(trainer, "compute_loss_func", None) is not None:
-        raise ValueError(
-            "compute_loss_func: InfoBatch needs per-sequence losses to score and weight, so the adapter "
-            "computes the loss itself; drop compute_loss_func"
-        )
-    loss_type = getattr(args, "loss_type", "nll")  # TRL's SFTConfig
-    if loss_type != "nll":
-        raise ValueError(
-            f"args.loss_type={loss_type!r}: InfoBatch scores and weights each sequence's token cross-entropy, "
-            "which it computes itself (TRL would silently train that instead); set loss_type='nll'"
-        )
-    if args.label_smoothing_factor != 0:
-        raise ValueError(
-            f"args.label_smoothing_factor={args.label_smoothing_factor} is not supported with InfoBatch "
-            "(the adapter computes the cross-entropy per sequence); set it to 0"
-        )
+    _check_loss(trainer, args)
     strategy = getattr(args, "train_sampling_strategy", "random")
     if strategy != "random":
         raise ValueError(
@@ -168,4 +153,24 @@ def _check_infobatch(trainer: Any, ds: InfoBatch) -> None:
             f"optimizers=(optimizer, {type(sched).__name__}): a schedule fixed in optimizer steps ends early "
             "once epochs are pruned; pass optimizers=(optimizer, None) and choose args.lr_scheduler_type "
             "(the adapter drives it by training progress), or a leanbatch.ProgressLR"
+        )
+
+
+def _check_loss(trainer: Any, args: Any) -> None:
+    """The loss is the adapter's: per-sequence token cross-entropy, nothing that replaces it."""
+    if getattr(trainer, "compute_loss_func", None) is not None:
+        raise ValueError(
+            "compute_loss_func: InfoBatch needs per-sequence losses to score and weight, so the adapter "
+            "computes the loss itself; drop compute_loss_func"
+        )
+    loss_type = getattr(args, "loss_type", "nll")  # TRL's SFTConfig
+    if loss_type != "nll":
+        raise ValueError(
+            f"args.loss_type={loss_type!r}: InfoBatch scores and weights each sequence's token cross-entropy, "
+            "which it computes itself (TRL would silently train that instead); set loss_type='nll'"
+        )
+    if args.label_smoothing_factor != 0:
+        raise ValueError(
+            f"args.label_smoothing_factor={args.label_smoothing_factor} is not supported with InfoBatch "
+            "(the adapter computes the cross-entropy per sequence); set it to 0"
         )
