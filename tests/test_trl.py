@@ -15,7 +15,7 @@ import os
 import pytest
 import torch
 from datasets import Dataset
-from hf_setup import VOCAB, Trace, instruction_data, params, tiny_model, token_sums
+from hf_setup import VOCAB, Trace, instruction_data, params, tiny_model, token_sums, training_args
 from tokenizers import Tokenizer
 from tokenizers.models import WordLevel
 from transformers import PreTrainedTokenizerFast
@@ -46,20 +46,11 @@ def dataset() -> Dataset:
 
 def config(out, mode: str, **kw) -> SFTConfig:
     base = dict(
-        output_dir=str(out),
         num_train_epochs=3,
-        per_device_train_batch_size=4,
-        learning_rate=3e-3,
         max_length=None,  # padding-free without packing needs it; padded runs then keep every example
         bf16=False,  # TRL's default is True: bf16 autocast, even on the CPU; these runs compare float32
-        use_cpu=True,
-        report_to="none",
-        disable_tqdm=True,
-        save_strategy="no",
-        logging_steps=1,
-        seed=0,
     )
-    return SFTConfig(**{**base, **MODES[mode], **kw})
+    return training_args(str(out), SFTConfig, **{**base, **MODES[mode], **kw})
 
 
 class Recorder(LeanSFT):
