@@ -7,7 +7,8 @@ What each override handles (the Trainer and accelerate behaviour is in the packa
   survives ``remove_unused_columns``.
 - ``training_step``: takes the indices out before ``forward`` and marks the global batch
   trained (each process trains one of ``num_processes`` batches per round); the loss
-  function (``compute_loss_func``) then scores each sequence and weights its tokens.
+  function (``compute_loss_func``) then scores each sequence and weights its tokens. A packed
+  batch (:mod:`leanbatch.hf.packed`) is scored per served sample and trained with ``use_cache=False``.
 - ``get_batch_samples``: Selective Backprop picks the sequences of every micro-batch of an
   accumulation group before any is trained, so ``num_items_in_batch`` counts what is trained.
 - ``_run_epoch``: runs the epoch InfoBatch stands in, with its own length, so the last
