@@ -82,8 +82,9 @@ class PadCollator:
         return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
-def training_args(out: str, **kw: Any) -> TrainingArguments:
-    """CPU, no reporting, no progress bars, no checkpoints unless asked; ``kw`` overrides."""
+def training_args(out: str, cls: type = TrainingArguments, **kw: Any) -> Any:
+    """CPU, no reporting, no progress bars, no checkpoints unless asked; ``kw`` overrides; ``cls``: the
+    arguments' class (trl's ``SFTConfig``)."""
     base: dict[str, Any] = dict(
         output_dir=out,
         per_device_train_batch_size=4,
@@ -96,7 +97,7 @@ def training_args(out: str, **kw: Any) -> TrainingArguments:
         seed=0,
     )
     base.update(kw)
-    return TrainingArguments(**base)
+    return cls(**base)
 
 
 def token_sums(model: torch.nn.Module, example: dict[str, Any]) -> tuple[float, int]:

@@ -24,15 +24,18 @@ from hf_setup import (
     token_sums,
     training_args,
 )
+from transformers import DataCollatorWithFlattening
 
-from leanbatch import InfoBatch, Plan, ProgressLR, SelectiveBackprop, cosine
+from leanbatch import InfoBatch, Plan, ProgressLR, SelectiveBackprop, StreamInfoBatch, cosine
 from leanbatch.hf import INDEX_KEY, LeanBatchTrainer, leanbatch_trainer
 
 N = 22  # batches of 4: five full and one of 2 per full epoch
 
 
-def test_weights_one_equal_the_stock_trainer(tmp_path):
-    """Every sequence kept with weight 1.0 (multiplied in): loss and gradients must be the stock Trainer's."""
+@pytest.mark.parametrize("collator", [PadCollator, DataCollatorWithFlattening])
+def test_weights_one_equal_the_stock_trainer(tmp_path, collator):
+    """Every sequence kept with weight 1.0 (multiplied in): loss and gradients must be the stock Trainer's,
+    on padded batches and on packed ones (``DataCollatorWithFlattening``: the model's own packed loss)."""
     data = instruction_data(N)
     kw = dict(
         num_train_epochs=2, gradient_accumulation_steps=2, lr_scheduler_type="constant", max_grad_norm=0
@@ -47,7 +50,7 @@ def test_weights_one_equal_the_stock_trainer(tmp_path):
         model=tiny_model(),
         args=training_args(str(tmp_path / "lean"), **kw),
         train_dataset=ds,
-        data_collator=PadCollator(),
+        data_collator=collator(),
         callbacks=[lean_trace],
     )
     lean.train()
@@ -74,7 +77,7 @@ def test_weights_one_equal_the_stock_trainer(tmp_path):
         model=tiny_model(),
         args=training_args(str(tmp_path / "stock"), **kw),
         train_dataset=data,
-        data_collator=PadCollator(),
+        data_collator=collator(),
         callbacks=[stock_trace],
     )
     stock.train()
@@ -248,6 +251,8 @@ def test_misconfigurations_are_refused_with_the_fix(tmp_path):
     model = tiny_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0)
+    stream = StreamInfoBatch(lambda: ({"id": i, **d} for i, d in enumerate(data)), 2, key="id")
+    steps = training_args(str(tmp_path), max_steps=4)
     refusals = [
         (r"shard=False", {"train_dataset": InfoBatch(data, 2)}),
         (
@@ -279,6 +284,11 @@ def test_misconfigurations_are_refused_with_the_fix(tmp_path):
         (r"sets num_epochs itself", {"train_dataset": data, "infobatch": {"num_epochs": 2}}),
         (r"not both", {"infobatch": {"prune_ratio": 0.5}}),
         (r"dict of InfoBatch settings", {"train_dataset": data, "infobatch": 0.5}),
+        (
+            r"train_dataset: a StreamInfoBatch",
+            {"train_dataset": stream, "args": steps},
+        ),  # a stream needs them
+        (r"train_dataset: a StreamInfoBatch", {"train_dataset": stream.dataset, "args": steps}),
     ]
     for match, kw in refusals:
         _refusal(tmp_path, match, **kw)
@@ -327,24 +337,6 @@ def test_a_progress_lr_passed_in_trains_and_checkpoints(tmp_path):
     assert (
         torch.load(tmp_path / f"checkpoint-{step}" / "scheduler.pt", weights_only=True)["last_epoch"] == step
     )
-
-
-def test_packed_batches_are_refused(tmp_path):
-    """A padding-free collator (shift_labels, several sequences per row) cannot be scored per sequence."""
-
-    def packed(features):
-        batch = PadCollator()(features)
-        batch["shift_labels"] = batch["labels"][:, 1:]
-        return batch
-
-    trainer = LeanBatchTrainer(
-        model=tiny_model(),
-        args=training_args(str(tmp_path), num_train_epochs=2),
-        train_dataset=InfoBatch(instruction_data(8), 2, shard=False),
-        data_collator=packed,
-    )
-    with pytest.raises(ValueError, match="pad the batch instead"):
-        trainer.train()
 
 
 def test_a_subclass_whose_compute_loss_skips_leanbatch_is_an_error_at_the_first_step(tmp_path):

@@ -27,7 +27,9 @@ What the Trainer (transformers 5.24) and accelerate (1.15) do, and how it is han
   sequence without one gets no score), its tokens are weighted by its InfoBatch weight,
   and the sum is divided by ``num_items_in_batch``, the Trainer's count of labelled tokens
   in the whole accumulated batch across processes. With all weights 1 this is the stock
-  loss. Selective Backprop picks whole sequences of every micro-batch of an accumulation
+  loss. Packed and padding-free batches (``position_ids`` instead of an ``attention_mask``):
+  each served sample's packed sequences are found (:mod:`leanbatch.hf.packed`) and scored and
+  weighted as that sample. Selective Backprop picks whole sequences of every micro-batch of an accumulation
   group before it is trained; ``num_items_in_batch`` counts the picked ones.
 - **Resume.** Checkpoints hold ``leanbatch_state.pt`` (tensors and plain values). The
   Trainer would resume at epoch ``global_step // steps_per_full_epoch`` and skip batches by

@@ -17,6 +17,8 @@ from torch.optim.lr_scheduler import ReduceLROnPlateau
 from leanbatch.infobatch import InfoBatch
 from leanbatch.schedule import ProgressLR
 from leanbatch.selection.selective_backprop import SelectiveBackprop
+from leanbatch.stream_data import PrunedStream
+from leanbatch.streams import StreamInfoBatch
 
 __all__ = ["check_setup", "wrap_train_dataset"]
 
@@ -67,6 +69,13 @@ def check_setup(trainer: Any, infobatch: InfoBatch | None, sb: Any) -> None:
         nothing to do
     """
     args = trainer.args
+    if isinstance(getattr(trainer, "train_dataset", None), (StreamInfoBatch, PrunedStream)):
+        raise ValueError(
+            "train_dataset: a StreamInfoBatch (or its .dataset) is not driven by the Trainer adapter, whose "
+            "loader would drop its key column (remove_unused_columns) and whose epochs are an index's; "
+            "train a stream in your own loop with sib.update(loss, keys) (docs/streams.md), or pass a "
+            "map-style dataset with infobatch={...}"
+        )
     if infobatch is None and sb is None:
         raise ValueError(
             "nothing to do: pass train_dataset=InfoBatch(train_set, num_epochs, ..., shard=False) (InfoBatch or "
@@ -115,16 +124,7 @@ def _check_infobatch(trainer: Any, ds: InfoBatch) -> None:
             f"args.num_train_epochs={args.num_train_epochs} but InfoBatch(num_epochs={ds.num_epochs}): the "
             "annealing epochs are placed by num_epochs, so the two must be equal"
         )
-    if getattr(trainer, "compute_loss_func", None) is not None:
-        raise ValueError(
-            "compute_loss_func: InfoBatch needs per-sequence losses to score and weight, so the adapter "
-            "computes the loss itself; drop compute_loss_func"
-        )
-    if args.label_smoothing_factor != 0:
-        raise ValueError(
-            f"args.label_smoothing_factor={args.label_smoothing_factor} is not supported with InfoBatch "
-            "(the adapter computes the cross-entropy per sequence); set it to 0"
-        )
+    _check_loss(trainer, args)
     strategy = getattr(args, "train_sampling_strategy", "random")
     if strategy != "random":
         raise ValueError(
@@ -153,4 +153,24 @@ def _check_infobatch(trainer: Any, ds: InfoBatch) -> None:
             f"optimizers=(optimizer, {type(sched).__name__}): a schedule fixed in optimizer steps ends early "
             "once epochs are pruned; pass optimizers=(optimizer, None) and choose args.lr_scheduler_type "
             "(the adapter drives it by training progress), or a leanbatch.ProgressLR"
+        )
+
+
+def _check_loss(trainer: Any, args: Any) -> None:
+    """The loss is the adapter's: per-sequence token cross-entropy, nothing that replaces it."""
+    if getattr(trainer, "compute_loss_func", None) is not None:
+        raise ValueError(
+            "compute_loss_func: InfoBatch needs per-sequence losses to score and weight, so the adapter "
+            "computes the loss itself; drop compute_loss_func"
+        )
+    loss_type = getattr(args, "loss_type", "nll")  # TRL's SFTConfig
+    if loss_type != "nll":
+        raise ValueError(
+            f"args.loss_type={loss_type!r}: InfoBatch scores and weights each sequence's token cross-entropy, "
+            "which it computes itself (TRL would silently train that instead); set loss_type='nll'"
+        )
+    if args.label_smoothing_factor != 0:
+        raise ValueError(
+            f"args.label_smoothing_factor={args.label_smoothing_factor} is not supported with InfoBatch "
+            "(the adapter computes the cross-entropy per sequence); set it to 0"
         )

@@ -21,6 +21,8 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
+from leanbatch.hf.packed import sequences_per_item
+
 __all__ = ["INDEX_KEY", "IndexCollator", "IndexedDataset", "Rows"]
 
 INDEX_KEY = "leanbatch_index"
@@ -36,6 +38,8 @@ class Rows:
             label other than -100 among those the loss uses); rows without one get no score.
         positions: rows Selective Backprop kept for the training pass (on the batch's
             device), or ``None`` when the whole batch is trained.
+        sequences: int64 CPU tensor ``(n,)``, the packed sequences each sample makes when the
+            collator packs the batch (:func:`leanbatch.hf.packed.sequences_per_item`), or ``None``.
 
     Example:
         >>> import torch
@@ -44,12 +48,19 @@ class Rows:
         (3, False, Rows([7, 3, 5]))
     """
 
-    __slots__ = ("indices", "labelled", "positions")
+    __slots__ = ("indices", "labelled", "positions", "sequences")
 
-    def __init__(self, indices: Tensor, labelled: Tensor, positions: Tensor | None = None):
+    def __init__(
+        self,
+        indices: Tensor,
+        labelled: Tensor,
+        positions: Tensor | None = None,
+        sequences: Tensor | None = None,
+    ):
         self.indices = indices
         self.labelled = labelled
         self.positions = positions
+        self.sequences = sequences
 
     def __len__(self) -> int:
         return int(self.indices.shape[0])
@@ -140,7 +151,8 @@ class IndexCollator:
                 "dict of model inputs, e.g. {'input_ids': ..., 'attention_mask': ..., 'labels': ...}"
             )
         idx = torch.tensor(indices, dtype=torch.int64)
-        batch[INDEX_KEY] = Rows(idx, self._labelled(batch.get("labels"), len(indices)))
+        labelled = self._labelled(batch.get("labels"), len(indices))
+        batch[INDEX_KEY] = Rows(idx, labelled, sequences=sequences_per_item(items))
         return batch
 
     def _labelled(self, labels: Any, n: int) -> Tensor:

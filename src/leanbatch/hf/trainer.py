@@ -7,7 +7,8 @@ What each override handles (the Trainer and accelerate behaviour is in the packa
   survives ``remove_unused_columns``.
 - ``training_step``: takes the indices out before ``forward`` and marks the global batch
   trained (each process trains one of ``num_processes`` batches per round); the loss
-  function (``compute_loss_func``) then scores each sequence and weights its tokens.
+  function (``compute_loss_func``) then scores each sequence and weights its tokens. A packed
+  batch (:mod:`leanbatch.hf.packed`) is scored per served sample and trained with ``use_cache=False``.
 - ``get_batch_samples``: Selective Backprop picks the sequences of every micro-batch of an
   accumulation group before any is trained, so ``num_items_in_batch`` counts what is trained.
 - ``_run_epoch``: runs the epoch InfoBatch stands in, with its own length, so the last
@@ -22,7 +23,7 @@ from __future__ import annotations
 import inspect
 import os
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import torch
 from torch import Tensor
@@ -35,6 +36,7 @@ from leanbatch.distributed import ScoreCarrier, carry_if_ddp
 from leanbatch.hf.checks import check_setup, wrap_train_dataset
 from leanbatch.hf.data import INDEX_KEY, IndexCollator, IndexedDataset, Rows
 from leanbatch.hf.losses import weighted_loss
+from leanbatch.hf.packed import Packing, is_packed, packed_losses, packing_of, token_weights
 from leanbatch.infobatch import InfoBatch
 from leanbatch.losses import sequence_losses, token_losses
 from leanbatch.policies.plan import Plan
@@ -79,6 +81,16 @@ class _PlanSampler(Sampler[int]):
 
     def __len__(self) -> int:
         return len(self.infobatch.sampler)
+
+
+class _Step(NamedTuple):
+    """The micro-batch being trained: its rows, plan, first global position, packing, ``shift_labels``."""
+
+    rows: Rows
+    plan: Plan
+    first: int
+    packing: Packing | None
+    shift_labels: Tensor | None
 
 
 class _SelectionLoss:
@@ -150,7 +162,7 @@ class LeanbatchMixin(_Base):
         check_setup(self, ds, selective_backprop)
         self.infobatch: InfoBatch | None = ds
         self.selective_backprop: SelectiveBackprop | None = selective_backprop
-        self._lb_step: tuple[Rows, Plan, int] | None = None  # the micro-batch being trained
+        self._lb_step: _Step | None = None  # the micro-batch being trained
         self._lb_round = 0  # samples the processes train together per micro-batch
         self._lb_first_epoch: int | None = None
         self._lb_updates_per_epoch = 1
@@ -262,12 +274,18 @@ class LeanbatchMixin(_Base):
     def _lb_select(self, sb: SelectiveBackprop, batch: Any, progress: float, batch_idx: int) -> Any:
         rows = batch.get(INDEX_KEY) if isinstance(batch, Mapping) else None
         inputs = {k: v for k, v in batch.items() if k != INDEX_KEY} if rows is not None else batch
+        if isinstance(inputs, Mapping) and is_packed(inputs):
+            raise ValueError(
+                "selective_backprop: the collator packs several sequences into one row (position_ids or "
+                "cu_seq_lens_q, no attention_mask), and a packed row cannot skip the backward of one of its "
+                "sequences; pad the batches (a collator that returns an attention_mask) or drop selective_backprop"
+            )
         sel = sb.select(inputs, self.model, self._lb_selection_loss, progress=progress, batch_idx=batch_idx)
         if sel.positions is None:
             return batch
         out = sel.batch
         if isinstance(rows, Rows):
-            out[INDEX_KEY] = Rows(rows.indices, rows.labelled, sel.positions)
+            out[INDEX_KEY] = Rows(rows.indices, rows.labelled, sel.positions, rows.sequences)
         return out
 
     def training_step(self, model: Any, inputs: Any, num_items_in_batch: Any = None) -> Tensor:
@@ -280,17 +298,18 @@ class LeanbatchMixin(_Base):
                 f"a training batch arrived without its dataset indices (batch key {INDEX_KEY!r}): train with "
                 "the trainer's own train dataloader and a collator that returns a dict"
             )
-        if "shift_labels" in inputs:
-            raise ValueError(
-                "the batch holds shift_labels (a padding-free or packed collator: one row, several "
-                "sequences), but InfoBatch scores and weights one sequence per row; pad the batch instead"
-            )
-        inputs = {k: v for k, v in inputs.items() if k != INDEX_KEY}  # the model never sees them
+        shift_labels = inputs.get("shift_labels")  # a collator's shifted labels: the loss uses them
+        inputs = {k: v for k, v in inputs.items() if k not in (INDEX_KEY, "shift_labels")}  # not the model's
+        packing = None  # Selective Backprop's picked rows (positions) are never packed: refused when picked
+        if rows.sequences is not None and rows.positions is None:
+            packing = packing_of(inputs, rows.sequences)
+        if packing is not None:
+            inputs["use_cache"] = False  # a cache hides the packed sequences from sdpa and eager attention
         if self._lb_carried is not model:  # under DDP the scores ride its all-reduce (once per wrapper)
             self._lb_carried, self.score_carrier = model, carry_if_ddp(ds, model)
         n, first = self._lb_trained(ds, len(rows))
         step = ds.sampler.prepare(n)
-        self._lb_step = (rows, step.plan, first)
+        self._lb_step = _Step(rows, step.plan, first, packing, shift_labels)
         try:
             out = super().training_step(model, inputs, num_items_in_batch)
             if self._lb_step is not None:  # the loss function never ran: nothing scored or weighted
@@ -325,43 +344,51 @@ class LeanbatchMixin(_Base):
         logits = outputs.get("logits") if isinstance(outputs, Mapping) else getattr(outputs, "logits", None)
         if logits is None:
             raise TypeError("leanbatch.hf needs a model whose output has .logits")
+        step, self._lb_step = self._lb_step, None  # scored once: the training step checks it was
+        shift = self._loss_shifts_labels
+        if step is not None and step.shift_labels is not None:
+            labels, shift = step.shift_labels, False
         if labels is None:
             raise ValueError("leanbatch.hf needs labels in every training batch (batch key 'labels')")
-        tok, counted = token_losses(logits, labels, self._loss_shifts_labels)
-        weights = None
-        if self._lb_step is not None:
-            weights = self._lb_score(*self._lb_step, tok, counted)
-            self._lb_step = None  # scored once: the training step checks it was
-        return weighted_loss(tok, counted, weights, num_items_in_batch)
+        tok, counted = token_losses(logits, labels, shift)
+        if step is None:
+            return weighted_loss(tok, counted, None, num_items_in_batch)
+        if step.packing is None:
+            rows_counted = counted if step.rows.positions is None else None  # what the loss reads counts
+            weights = self._lb_score(step, sequence_losses(tok.detach(), counted), rows_counted)
+            return weighted_loss(tok, counted, weights, num_items_in_batch)
+        ids, losses, per_sample = packed_losses(tok.detach(), labels, step.packing, shift)
+        weights = self._lb_score(step, losses, per_sample)
+        return weighted_loss(
+            tok if weights is None else tok * token_weights(weights, ids), counted, None, num_items_in_batch
+        )
 
-    def _lb_score(self, rows: Rows, plan: Plan, first: int, tok: Tensor, counted: Tensor) -> Tensor | None:
-        """Store each trained sequence's score; return its loss weight (``None`` = all 1).
+    def _lb_score(self, step: _Step, losses: Tensor, counted: Tensor | None) -> Tensor | None:
+        """Store each trained sample's score (``losses``, one per trained row, or per packed sample
+        with its labelled tokens ``counted``); return each one's loss weight (``None`` = all 1).
 
-        A row scores unless it has no labelled token or it is accelerate's padding (the last
+        A sample scores unless it has no labelled token or it is accelerate's padding (the last
         round of an epoch repeats batches from its start: global positions past the plan's
         kept samples), so each sample scores at most once per epoch, on one process.
         """
         ds = self.infobatch
         assert ds is not None
-        dev = tok.device
-        spare = ds.scores.num_samples
-        scores_rows = _scoring_rows(rows, first, plan.num_kept, spare).to(dev, non_blocking=True)
-        losses = sequence_losses(tok.detach(), counted)
-        kept = rows.indices.to(dev, non_blocking=True)
-        if (
-            rows.positions is not None
-        ):  # every process stores all its rows (the same number), unkept ones nowhere
+        rows, dev, spare = step.rows, losses.device, ds.scores.num_samples
+        scores_rows = _scoring_rows(rows, step.first, step.plan.num_kept, spare).to(dev, non_blocking=True)
+        if counted is not None:  # which samples hold a labelled token the loss read, on the device
+            scores_rows = torch.where(counted > 0, scores_rows, spare)
+        kept, trained = rows.indices.to(dev, non_blocking=True), losses.shape[0]
+        if rows.positions is not None:  # every process stores all its rows, unkept ones nowhere
             at = rows.positions.to(dev)
             kept = kept.index_select(0, at)
-            scores_rows = torch.full_like(scores_rows, spare).index_copy_(
-                0, at, scores_rows.index_select(0, at)
-            )
+            unkept = torch.full_like(scores_rows, spare)
+            scores_rows = unkept.index_copy_(0, at, scores_rows.index_select(0, at))
             losses = losses.new_zeros(len(rows)).index_copy_(0, at, losses)
-        if kept.shape[0] != tok.shape[0]:
-            raise RuntimeError(f"the batch has {tok.shape[0]} rows but its indices say {kept.shape[0]}")
+        if kept.shape[0] != trained:
+            raise RuntimeError(f"the batch trains {trained} samples but its indices say {kept.shape[0]}")
         ds.sampler.store(scores_rows, losses)
-        w = plan.weights_on(dev)
-        return None if w is None else w.index_select(0, kept.to(dev, non_blocking=True))
+        w = step.plan.weights_on(dev)
+        return None if w is None else w.index_select(0, kept)
 
     # ------------------------------------------------------------------ schedule
     def create_scheduler(self, num_training_steps: int, optimizer: Any = None) -> Any:
