@@ -89,6 +89,7 @@ def int_list(
 
 def _bench_parser(sub: Any) -> None:
     from leanbatch.arms.registry import kinds_help
+    from leanbatch.cli_cluster import ray_options
 
     b = sub.add_parser(
         "bench", help="train a task under each method and compare time and metric", epilog=kinds_help(),
@@ -100,6 +101,7 @@ def _bench_parser(sub: Any) -> None:
     _run_options(b)
     _image_options(b)
     _method_options(b)
+    ray_options(b)
     _output_options(b)
 
 

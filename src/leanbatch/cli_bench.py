@@ -208,10 +208,11 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace, main: bool) -> int:
+    from leanbatch.cli_cluster import cluster_from
     from leanbatch.engine.judging.outputs import RESULTS, unfinished_path, write_results
     from leanbatch.engine.judging.report import publish
     from leanbatch.engine.judging.results import build_results
-    from leanbatch.engine.running.study import run_study
+    from leanbatch.engine.study import execute
 
     _plots_available(args)
     out = Path(args.out)
@@ -222,10 +223,8 @@ def _bench(args: argparse.Namespace, main: bool) -> int:
         check_out_folder(out)
     unfinished = unfinished_path(out)  # decided before anything is written
     header = study.config.pop("header")
-    print(
-        f"leanbatch bench: {header}, {len(study.arms)} arms, seeds {study.seeds}, metric {study.metric} ({study.goal})",
-        flush=True,
-    )
+    print(f"leanbatch bench: {header}, {len(study.arms)} arms, seeds {study.seeds}, metric {study.metric} "
+          f"({study.goal})", flush=True)  # fmt: skip
     width = max(12, *(len(a.label) for a in study.arms))
 
     def payload(outcome: Outcome, interrupted: bool) -> dict[str, Any]:
@@ -243,12 +242,13 @@ def _bench(args: argparse.Namespace, main: bool) -> int:
 
     t0 = time.perf_counter()
     status = _status_line(study) if main and not args.no_progress and sys.stderr.isatty() else None
-    outcome = run_study(
-        study, on_run=lambda r: print(_line(r, width, study.metric), flush=True), on_seed=saved, on_log=status
-    )
+    outcome, journal = execute(
+        study, out, fresh=args.fresh, write=main, on_seed=saved, on_log=status, cluster=cluster_from(args, out),
+        on_run=lambda r: print(_line(r, width, study.metric), flush=True),
+    )  # fmt: skip
     if status is not None:
         print("\r\033[K", end="", file=sys.stderr)
-    if _stopped(outcome, wrote[-1:]):
+    if _stopped(outcome, wrote[-1:] + ([journal.path] if main and journal else [])):
         return 2
     if not main:
         return 130 if outcome.interrupted else 0
@@ -258,13 +258,12 @@ def _bench(args: argparse.Namespace, main: bool) -> int:
             print("leanbatch: interrupted before any run finished; nothing written", file=sys.stderr)
             return 130
     target = unfinished if outcome.interrupted else out / RESULTS
-    written = publish(
-        payload(outcome, outcome.interrupted),
-        target,
-        None if args.no_plots or target != out / RESULTS else out,
-    )
+    plots = None if args.no_plots or target != out / RESULTS else out
+    written = publish(payload(outcome, outcome.interrupted), target, plots)
     if target != unfinished:
         unfinished.unlink(missing_ok=True)  # this study's own per-seed saves, now complete
+    if journal is not None and target == out / RESULTS and not outcome.failed:
+        journal.close()  # complete: results.json is its record now
     print(f"\nwrote {', '.join(str(p) for p in written)} ({time.perf_counter() - t0:.0f} s in all)")
     return _status(outcome, target, out / RESULTS)
 

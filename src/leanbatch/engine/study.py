@@ -24,14 +24,17 @@ from typing import Any
 
 from leanbatch.arms.grid import study_arms
 from leanbatch.arms.methods import DEFAULT_METHODS, ArmError
+from leanbatch.engine.judging.journal import Journal
+from leanbatch.engine.judging.records import RunRecord
 from leanbatch.engine.judging.report import Report
 from leanbatch.engine.judging.results import build_results
 from leanbatch.engine.judging.verdicts import default_goal
+from leanbatch.engine.running.cluster import Cluster, run_on_ray
 from leanbatch.engine.running.data import StudyError
 from leanbatch.engine.running.run import Run
-from leanbatch.engine.running.study import Study, run_study
+from leanbatch.engine.running.study import Outcome, Study, run_study
 
-__all__ = ["bench"]
+__all__ = ["bench", "execute"]
 
 
 def bench(
@@ -49,15 +52,18 @@ def bench(
     clock: str = "work",
     out: str | Path | None = None,
     plots: bool = True,
+    fresh: bool = False,
+    ray: bool | str | Cluster | None = None,
 ) -> Report:
     """Run ``task`` under every arm (``methods``, default ``baseline,random,infobatch,sb,infobatch+sb``,
     the batch-level ones left out when the task trains a step without ``run.select``;
     the baseline's ``budgets`` and ``batch_budgets``, default ``0.5,0.7,0.85,1`` and ``0.5,0.7``; the
     twins with ``controls``) at every seed and return the :class:`~leanbatch.engine.judging.report.Report`;
-    with ``out``, also write results.json, the plots and report.html there. ``goal``: ``max`` or
-    ``min`` (default: :func:`~leanbatch.engine.judging.verdicts.default_goal` of the ``metric``'s name);
-    ``clock``: what the arms are compared at, ``work`` (FLOP-weighted passes: the same training gives
-    the same verdicts on any machine), ``wall`` or ``cpu``.
+    with ``out``, also write results.json, the plots and report.html there, and record every run as it
+    finishes: started again on the same ``out`` after a kill, the study keeps the finished runs and
+    trains only the rest (``fresh``: it trains them all again). ``ray``: every run a Ray Tune trial, on
+    a Ray instance started here (``True``), the cluster at an address (``"auto"``, ``"ray://host:port"``)
+    or as a :class:`~leanbatch.engine.running.cluster.Cluster` says (resources, workers, retries).
     Bad input, and a breach of the contract every arm shares (no ``metric``, batches larger than
     ``run.batch_size``, a budget the loop cannot train), found at its first sign:
     ``ValueError`` of one line (:class:`~leanbatch.engine.running.data.StudyError`), nothing judged."""
@@ -75,7 +81,9 @@ def bench(
                   tolerance, clock, controls, {"task": name}, {"name": name}, f"leanbatch.engine.bench({name})",
                   optional=methods is None)  # fmt: skip
     study.check()
-    outcome = run_study(study)
+    folder = None if out is None else Path(out)
+    cluster = _cluster(ray, folder)
+    outcome, journal = execute(study, folder, fresh=fresh, cluster=cluster)
     if outcome.stopped is not None:
         s = outcome.stopped
         raise StudyError(f"{s['method']} seed {s['seed']}: {s['error']}; the study stopped, nothing judged")
@@ -86,4 +94,53 @@ def bench(
     report = Report(payload)
     if out is not None:
         report.save(out, plots)
+    if journal is not None and not (outcome.failed or outcome.interrupted):
+        journal.close()
     return report
+
+
+def _cluster(ray: bool | str | Cluster | None, folder: Path | None) -> Cluster | None:
+    """``bench``'s ``ray`` as a :class:`~leanbatch.engine.running.cluster.Cluster` (None: no Ray)."""
+    if ray is None or ray is False or isinstance(ray, Cluster):
+        return ray or None
+    storage = None if folder is None else folder / "tune"
+    return Cluster(None if ray is True else str(ray), storage=storage, verbose=0)
+
+
+def execute(
+    study: Study,
+    out: Path | None,
+    *,
+    fresh: bool = False,
+    write: bool = True,
+    on_run: Callable[[RunRecord], None] = lambda r: None,
+    on_seed: Callable[[Outcome], None] = lambda o: None,
+    on_log: Callable[[Run], None] | None = None,
+    cluster: Cluster | None = None,
+) -> tuple[Outcome, Journal | None]:
+    """Run ``study``, recording each finished run in ``out``'s
+    :class:`~leanbatch.engine.judging.journal.Journal` (None: no record) and keeping the runs an
+    earlier start recorded (one line says which; ``fresh``: none kept; ``write``: read the record, never
+    write it, as every process but the first under torchrun); the outcome and the journal, for the
+    caller to close once its results are written; on ``cluster``, every run a Ray Tune trial. A record of
+    another study, a cluster that cannot be used: ``ValueError`` of one line."""
+    if cluster is not None:
+        cluster.check()
+    journal = None
+    if out is not None:
+        if write:
+            out.mkdir(parents=True, exist_ok=True)
+        arms = {a.label: a.config() for a in study.arms}
+        journal = Journal.open(out, study.identity(), arms, study.seeds, fresh=fresh, write=write)
+        if line := journal.line(len(study.arms) * len(study.seeds)):
+            print(line, flush=True)
+
+    def recorded(run: RunRecord) -> None:
+        if journal is not None and write:
+            journal.append(run)
+        on_run(run)
+
+    kept = [] if journal is None else journal.kept
+    if cluster is not None:
+        return run_on_ray(study, cluster, on_run=recorded, on_seed=on_seed, kept=kept), journal
+    return run_study(study, on_run=recorded, on_seed=on_seed, on_log=on_log, kept=kept), journal

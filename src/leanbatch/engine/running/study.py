@@ -19,7 +19,7 @@ Example:
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,6 +66,12 @@ class Study:
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise TaskError(f"seeds must be distinct integers, at least one: got {self.seeds}")
 
+    def identity(self) -> dict[str, Any]:
+        """What every run of the study depends on besides its arm and seed: a run recorded under
+        another identity is another study's (:class:`~leanbatch.engine.judging.journal.Journal`)."""
+        return {"task_id": task_identity(self.task), "metric": self.metric, "goal": self.goal,
+                "config": dict(self.config), "data": dict(self.data)}  # fmt: skip
+
     def config_entry(self) -> dict[str, Any]:
         """results.json's ``config``."""
         base = [a for a in self.arms if a.kind == "baseline"]
@@ -111,10 +117,13 @@ def run_study(
     on_run: Callable[[RunRecord], None] = lambda r: None,
     on_seed: Callable[[Outcome], None] = lambda o: None,
     on_log: Callable[[Run], None] | None = None,
+    kept: Sequence[RunRecord] = (),
 ) -> Outcome:
     """Train every arm at every seed (``on_run`` after each finished run, ``on_seed`` after each seed,
-    ``on_log`` at each ``run.log``). A default method left out is taken off ``study.arms``."""
-    out = Outcome()
+    ``on_log`` at each ``run.log``) but the runs ``kept`` from an earlier start, which the outcome
+    holds first. A default method left out is taken off ``study.arms``."""
+    out = Outcome(runs=list(kept))
+    done = {(r.method, r.seed) for r in kept}
     try:
         for k, seed in enumerate(study.seeds):
             # rotated per seed, so a slow spell does not always land on the same arm (whole runs: a task
@@ -123,9 +132,13 @@ def run_study(
             order = sorted(study.arms, key=lambda a: (a.batch == 1.0, not a.limited))
             arms = order[k % len(order) :] + order[: k % len(order)]
             runs = [Run(arm, seed, study.metric, on_log, metric_option=study.metric_option,
-                        optional=study.optional) for arm in arms]  # fmt: skip
-            for run, result in take_turns(study.task, runs, whole=study.interleave == "run"):
-                _record(out, run, seed, result, on_run)
+                        optional=study.optional) for arm in arms if (arm.label, seed) not in done]  # fmt: skip
+            first = len(out.runs)
+            take_turns(
+                study.task, runs, study.interleave == "run", lambda r, result: _record(out, r, on_run, result)
+            )
+            labels = [r.label for r in runs]  # recorded as they finished, kept in the turns' order
+            out.runs[first:] = sorted(out.runs[first:], key=lambda r: labels.index(r.method))
             study.arms = [a for a in study.arms if a.label not in out.left_out]
             study.left_out = list(out.left_out)
             if out.stopped is not None:
@@ -139,8 +152,9 @@ def run_study(
     return out
 
 
-def _record(out: Outcome, run: Run, seed: int, result: Any, on_run: Callable[[RunRecord], None]) -> None:
+def _record(out: Outcome, run: Run, on_run: Callable[[RunRecord], None], result: Any) -> None:
     """One arm's outcome into ``out``."""
+    seed = run.seed
     if isinstance(result, RunRecord):
         out.runs.append(result)
         on_run(result)
