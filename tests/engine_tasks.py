@@ -234,13 +234,15 @@ def drops_last(run):  # type: ignore[no-untyped-def]
 
 
 def counted(run):  # type: ignore[no-untyped-def]
-    """``train``, each finished training appended to the file ``LEANBATCH_TEST_COUNT`` names; while
-    ``LEANBATCH_TEST_STALL=N`` is set and N runs are counted, an epoch stalls (says so, sleeps)."""
-    path, stall = os.environ["LEANBATCH_TEST_COUNT"], int(os.environ.get("LEANBATCH_TEST_STALL", "0"))
+    """``train``, each finished training appended to the file ``LEANBATCH_TEST_COUNT`` names; while the
+    file ``LEANBATCH_TEST_STALL`` names holds N and N runs are counted, an epoch stalls (it says so on
+    stdout and in the file ``<that file>.stalled``, then sleeps)."""
+    path, stall = os.environ["LEANBATCH_TEST_COUNT"], os.environ.get("LEANBATCH_TEST_STALL", "")
 
     def log(**values: float) -> None:
-        if stall and _lines(path) >= stall:
+        if stall and os.path.exists(stall) and _lines(path) >= int(open(stall).read()):
             print(f"stalled in {run.label} seed {run.seed}", flush=True)
+            open(stall + ".stalled", "w").close()
             time.sleep(600)
         run.log(**values)
 

@@ -70,7 +70,8 @@ def test_a_killed_study_started_again_trains_only_the_rest(
 ) -> None:
     out, count = tmp_path / "out", tmp_path / "count.txt"
     env = {"LEANBATCH_TEST_COUNT": str(count)}
-    child = Child(_bench(out), tmp_path, env={**env, "LEANBATCH_TEST_STALL": "2"})
+    (tmp_path / "stall").write_text("2")
+    child = Child(_bench(out), tmp_path, env={**env, "LEANBATCH_TEST_STALL": str(tmp_path / "stall")})
     child.wait_for("stalled in")
     child.proc.send_signal(signal.SIGKILL)
     code, _, _ = child.finish()

@@ -241,6 +241,7 @@ def _fit(tune: Any, study: Study, cluster: Cluster, out: Outcome, todo: list[dic
     tuner = tune.Tuner(
         tune.with_resources(tune.with_parameters(trial, spec=spec), cluster.placement(tune)),
         param_space={"run": tune.grid_search(todo)},
+        tune_config=tune.TuneConfig(reuse_actors=True),  # one process trains run after run: no start-up each
         run_config=tune.RunConfig(
             name=f"leanbatch-{time.strftime('%Y%m%d-%H%M%S')}", storage_path=storage, callbacks=[keep],
             stop=breach, failure_config=tune.FailureConfig(max_failures=cluster.retries),

@@ -9,8 +9,9 @@ task's numbers, the work so far), so Tune's progress table and its loggers show 
 
 A run of ``workers`` processes (a ``torchrun``-style job) trains in the trial's placement group, one
 bundle per process: each process gets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR`` and
-``MASTER_PORT`` as under ``torchrun``, the task initialises its process group from them, and the
-first process's run is the trial's (its logs reach Tune through a queue).
+``MASTER_PORT`` as under ``torchrun`` (they meet at a ``TCPStore`` the trial hosts), the task
+initialises its process group from them, and the first process's run is the trial's (its logs reach
+Tune through the store as it trains).
 
 Example:
     >>> from leanbatch.arms.methods import parse_methods
@@ -110,22 +111,27 @@ def trial(config: dict[str, Any], spec: Spec) -> None:
     tune.report({OUTCOME: json.dumps(outcome)})
 
 
-def _free_port() -> tuple[str, int]:
-    """This node's address and a port free on it (for the process group's rendezvous)."""
+def _rank(spec: Spec, label: str, seed: int, rank: int, store: tuple[str, int]) -> dict[str, Any]:
+    """One process of a distributed run: the ``torchrun`` environment set (rank 0 publishes its address
+    through the trial's store, the others read it), the task run; rank 0's logs go to the store."""
     import ray
-
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return ray.util.get_node_ip_address(), int(s.getsockname()[1])
-
-
-def _rank(spec: Spec, label: str, seed: int, env: dict[str, str], queue: Any) -> dict[str, Any]:
-    """One process of a distributed run: the ``torchrun`` environment set, the task run; rank 0 logs."""
     import torch.distributed as dist
 
-    os.environ.update(env)
+    client = dist.TCPStore(store[0], store[1], is_master=False)
+    if rank == 0:
+        with socket.socket() as s:
+            s.bind(("", 0))
+            client.set("master", f"{ray.util.get_node_ip_address()}:{s.getsockname()[1]}")
+    host, _, port = client.get("master").decode().rpartition(":")
+    local = client.add(f"host/{host}", 1) - 1  # this process's place among the run's processes on its node
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(spec.workers), LOCAL_RANK=str(local), MASTER_ADDR=host,
+                      MASTER_PORT=port)  # fmt: skip
+
+    def log(values: dict[str, Any]) -> None:
+        client.set(f"log/{client.add('logs', 1) - 1}", json.dumps(values))
+
     try:
-        return run_one(spec, label, seed, queue.put if env["RANK"] == "0" else lambda values: None)
+        return run_one(spec, label, seed, log if rank == 0 else lambda values: None)
     finally:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
@@ -134,36 +140,36 @@ def _rank(spec: Spec, label: str, seed: int, env: dict[str, str], queue: Any) ->
 def _distributed(
     spec: Spec, label: str, seed: int, report: Callable[[dict[str, Any]], None]
 ) -> dict[str, Any]:
-    """The run as ``spec.workers`` processes, one per bundle of the trial's placement group; rank 0's
-    outcome (a lost process raises: the trial fails and Tune retries it)."""
+    """The run as ``spec.workers`` processes, one per bundle of the trial's placement group, meeting at a
+    store this trial hosts; rank 0's outcome (a lost process raises: the trial fails, Tune retries it)."""
     import ray
+    import torch.distributed as dist
     from ray.util.placement_group import get_current_placement_group
-    from ray.util.queue import Queue
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     group = get_current_placement_group()
     if group is None:
         raise RuntimeError("a run of several workers trains in its trial's placement group, and it has none")
-
-    def placed(fn: Any, index: int) -> Any:  # in bundle ``index``, in a process of its own
-        strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=index)
-        return ray.remote(max_calls=1, max_retries=0, num_cpus=spec.resources.get("cpu", 1.0),
-                          num_gpus=spec.resources.get("gpu", 0.0))(fn).options(scheduling_strategy=strategy)  # fmt: skip
-
-    nodes = ray.get([placed(_free_port, i).remote() for i in range(spec.workers)])
-    (master, port), hosts = nodes[0], [host for host, _ in nodes]
-    queue = Queue(actor_options={"num_cpus": 0})
-    futures = []
-    for i in range(spec.workers):
-        env = {"RANK": str(i), "WORLD_SIZE": str(spec.workers), "LOCAL_RANK": str(hosts[:i].count(hosts[i])),
-               "MASTER_ADDR": master, "MASTER_PORT": str(port)}  # fmt: skip
-        futures.append(placed(_rank, i).remote(spec, label, seed, env, queue))
-    pending = list(futures)
+    store = dist.TCPStore(ray.util.get_node_ip_address(), 0, is_master=True, wait_for_workers=False)
+    bundle = dict(spec.resources)
+    cpus, gpus = bundle.pop("CPU", 0.0), bundle.pop("GPU", 0.0)
+    futures = [
+        ray.remote(_rank).options(
+            scheduling_strategy=PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i),
+            num_cpus=cpus, num_gpus=gpus, resources=bundle, max_retries=0,
+        ).remote(spec, label, seed, i, (ray.util.get_node_ip_address(), store.port))
+        for i in range(spec.workers)
+    ]  # fmt: skip
+    pending, shown = list(futures), 0
     while pending:
         _, pending = ray.wait(pending, timeout=0.5)
-        while not queue.empty():
-            report(queue.get())
-    outcomes = ray.get(futures)  # a process that died raises here
-    while not queue.empty():
-        report(queue.get())
-    return outcomes[0]
+        shown = _drain(store, shown, report)
+    return ray.get(futures)[0]  # a process that died raises here
+
+
+def _drain(store: Any, shown: int, report: Callable[[dict[str, Any]], None]) -> int:
+    """Report rank 0's logs past the first ``shown``; how many it has logged."""
+    logged = int(store.add("logs", 0))
+    for n in range(shown, logged):
+        report(json.loads(store.get(f"log/{n}")))
+    return logged
