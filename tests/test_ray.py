@@ -31,8 +31,6 @@ from leanbatch import cli
 from leanbatch.engine import Cluster, bench
 from leanbatch.engine.judging.journal import JOURNAL
 
-ray = pytest.importorskip("ray", reason='the ray extra: pip install "leanbatch[ray]"')
-
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("restore_torch_globals")]
 
 HERE = Path(__file__).resolve().parent
@@ -47,6 +45,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
     files = {"LEANBATCH_TEST_COUNT": str(folder / "count.txt"), "LEANBATCH_TEST_STALL": str(folder / "stall"),
              "LEANBATCH_TEST_MARKS": str(folder),  # and the tasks' module, for the workers to import
              "PYTHONPATH": os.pathsep.join([str(HERE), os.environ.get("PYTHONPATH", "")])}  # fmt: skip
+    ray = pytest.importorskip("ray", reason='the ray extra: pip install "leanbatch[ray]"')
     before = {k: os.environ.get(k) for k in files}
     os.environ.update(files)
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
@@ -121,6 +120,8 @@ def test_the_driver_killed_and_started_again_trains_only_the_missing_runs(
     count, stall = Path(cluster["LEANBATCH_TEST_COUNT"]), Path(cluster["LEANBATCH_TEST_STALL"])
     count.unlink(missing_ok=True)
     stall.write_text("1")
+    import ray
+
     out, address = tmp_path / "out", ray.get_runtime_context().gcs_address
     argv = ["bench", "--task", f"{HERE / 'engine_tasks.py'}:counted", "--methods", "baseline,random", "--seeds",
             "0,1", "--budgets", "none", "--batch-budgets", "none", "--no-plots", "--no-progress", "--threads", "1"]  # fmt: skip
@@ -163,3 +164,22 @@ def test_a_distributed_run_of_two_gloo_processes_is_one_trial(cluster: dict[str,
     assert report["failed"] == [] and run["num_samples"] == 1000  # each process trained its half of 2,000
     assert [e["forwarded"] for e in run["epochs"]] == [1000] * distributed_task.EPOCHS
     assert run["metric"] > 40.0  # DDP trained it: 5 classes, chance is 20
+
+
+def test_without_ray_the_option_names_the_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if it were not installed: its import fails
+    argv = ["bench", "--task", f"{HERE / 'engine_tasks.py'}:train", "--methods", "baseline", "--ray"]
+    assert cli.main([*argv, "--no-plots", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(
+        'leanbatch: error: --ray needs Ray Tune, the ray extra: pip install "leanbatch[ray]"'
+    )
+    assert len(err.splitlines()) == 1 and not (tmp_path / "out" / JOURNAL).exists()
+    monkeypatch.undo()
+    assert cli.main([*argv[:-1], "--retries", "2", "--out", str(tmp_path / "out")]) == 2
+    assert (
+        capsys.readouterr().err
+        == "leanbatch: error: --retries is an option of --ray: add --ray (docs/ray.md)\n"
+    )

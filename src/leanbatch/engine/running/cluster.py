@@ -87,7 +87,8 @@ class Cluster:
     verbose: int = 1
 
     def check(self) -> None:
-        """Refuse, before Ray starts, what cannot run: :class:`ClusterError`."""
+        """Refuse, before Ray starts, what cannot run (no Ray installed, bad counts): :class:`ClusterError`."""
+        _ray()
         if isinstance(self.workers, bool) or not isinstance(self.workers, int) or self.workers < 1:
             raise ClusterError(f"--run-workers must be an int >= 1, got {self.workers!r}")
         if isinstance(self.retries, bool) or not isinstance(self.retries, int) or self.retries < 0:
