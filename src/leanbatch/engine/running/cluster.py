@@ -182,7 +182,8 @@ def _hooks(tune: Any, books: _Books) -> tuple[Any, Any]:
             books.result(trial.config, result)
 
         def on_trial_error(self, iteration: int, trials: Any, trial: Any, **info: Any) -> None:
-            books.error(trial.config, trial.get_error())
+            file = Path(trial.error_file) if trial.error_file else None
+            books.error(trial.config, file.read_text() if file and file.is_file() else trial.get_error())
 
     class Breach(tune.Stopper):  # type: ignore[misc, name-defined]
         def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:
