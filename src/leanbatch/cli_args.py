@@ -101,7 +101,7 @@ def _bench_parser(sub: Any) -> None:
     _run_options(b)
     _image_options(b)
     _method_options(b)
-    ray_options(b)
+    ray_options(b, _int)
     _output_options(b)
 
 

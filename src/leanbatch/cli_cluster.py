@@ -24,15 +24,9 @@ _RAY = "every (arm, seed) run a Ray Tune trial: alone, on a Ray instance started
 _FRESH = "train every run again: without it, a study started again on the same --out (after a kill, a lost node or driver) keeps the finished runs recorded there (runs.jsonl) and trains only the rest"
 
 
-def _int(text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-
-
-def ray_options(b: Any) -> None:
-    """The options: ``--fresh``, ``--ray [ADDRESS]``, ``--run-resources``, ``--run-workers``, ``--retries``."""
+def ray_options(b: Any, integer: Any = int) -> None:
+    """The options: ``--fresh``, ``--ray [ADDRESS]``, ``--run-resources``, ``--run-workers``, ``--retries``
+    (``integer``: the parser's reader of an integer)."""
     r = b.add_argument_group('resuming, and on a Ray cluster (pip install "leanbatch[ray]"; docs/ray.md)')
     r.add_argument("--fresh", action="store_true", help=_FRESH)
     r.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS", help=_RAY)
@@ -43,13 +37,13 @@ def ray_options(b: Any) -> None:
     )
     r.add_argument(
         "--run-workers",
-        type=_int,
+        type=integer,
         default=None,
         help="processes per run, each with --run-resources, for a distributed task (RANK, WORLD_SIZE, MASTER_ADDR set as by torchrun; default 1)",
     )
     r.add_argument(
         "--retries",
-        type=_int,
+        type=integer,
         default=None,
         help="times a run whose worker or node dies is tried again (default 1); a task that raises is reported, not retried",
     )

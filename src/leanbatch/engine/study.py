@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -101,9 +102,11 @@ def bench(
 
 def _cluster(ray: bool | str | Cluster | None, folder: Path | None) -> Cluster | None:
     """``bench``'s ``ray`` as a :class:`~leanbatch.engine.running.cluster.Cluster` (None: no Ray)."""
-    if ray is None or ray is False or isinstance(ray, Cluster):
-        return ray or None
     storage = None if folder is None else folder / "tune"
+    if isinstance(ray, Cluster):
+        return ray if ray.storage is not None else dataclasses.replace(ray, storage=storage)
+    if ray is None or ray is False:
+        return None
     return Cluster(None if ray is True else str(ray), storage=storage, verbose=0)
 
 

@@ -76,7 +76,8 @@ class Cluster:
     ``auto``, ``host:port`` or ``ray://host:port``: an existing cluster), each run's ``resources``
     (a bundle: ``{"CPU": 1}`` by default), ``workers`` processes per run (a distributed run),
     ``retries`` of a run whose worker dies, Tune's ``storage`` folder (its logs, TensorBoard, CSV),
-    torch's CPU ``threads`` in each run (None: Ray's, the run's CPUs), Tune's ``verbose`` level."""
+    torch's CPU ``threads`` in each run (None: Ray's, the run's CPUs), Tune's ``verbose`` level, and
+    Tune ``callbacks`` of your own (``MLflowLoggerCallback``, ``WandbLoggerCallback``...)."""
 
     address: str | None = None
     resources: dict[str, float] = field(default_factory=lambda: {"CPU": 1.0})
@@ -85,6 +86,7 @@ class Cluster:
     storage: Path | None = None
     threads: int | None = None
     verbose: int = 1
+    callbacks: list[Any] = field(default_factory=list)
 
     def check(self) -> None:
         """Refuse, before Ray starts, what cannot run (no Ray installed, bad counts): :class:`ClusterError`."""
@@ -138,9 +140,9 @@ def _by_value(task: Any) -> None:
 class _Books:
     """The driver's record of the trials' outcomes, kept as each trial reports its last result."""
 
-    def __init__(self, study: Study, out: Outcome, on_run: Callable[[RunRecord], None],
-                 on_seed: Callable[[Outcome], None], retries: int):  # fmt: skip
-        self.study, self.out, self.on_run, self.on_seed, self.retries = study, out, on_run, on_seed, retries
+    def __init__(self, out: Outcome, on_run: Callable[[RunRecord], None], on_seed: Callable[[Outcome], None],
+                 retries: int):  # fmt: skip
+        self.out, self.on_run, self.on_seed, self.retries = out, on_run, on_seed, retries
         self.ended: set[tuple[str, int]] = set()
 
     def result(self, config: dict[str, Any], result: dict[str, Any]) -> None:
@@ -238,14 +240,14 @@ def _fit(tune: Any, study: Study, cluster: Cluster, out: Outcome, todo: list[dic
     _by_value(study.task)
     spec = Spec(study.task, {a.label: a for a in study.arms}, study.metric, study.metric_option,
                 study.optional, cluster.workers, dict(cluster.resources), cluster.threads)  # fmt: skip
-    keep, breach = _hooks(tune, _Books(study, out, on_run, on_seed, cluster.retries))
+    keep, breach = _hooks(tune, _Books(out, on_run, on_seed, cluster.retries))
     storage = None if cluster.storage is None else str(Path(cluster.storage).resolve())
     tuner = tune.Tuner(
         tune.with_resources(tune.with_parameters(trial, spec=spec), cluster.placement(tune)),
         param_space={"run": tune.grid_search(todo)},
         tune_config=tune.TuneConfig(reuse_actors=True),  # one process trains run after run: no start-up each
         run_config=tune.RunConfig(
-            name=f"leanbatch-{time.strftime('%Y%m%d-%H%M%S')}", storage_path=storage, callbacks=[keep],
+            name=f"leanbatch-{time.strftime('%Y%m%d-%H%M%S')}", storage_path=storage, callbacks=[keep, *cluster.callbacks],
             stop=breach, failure_config=tune.FailureConfig(max_failures=cluster.retries),
             verbose=cluster.verbose,
         ),

@@ -31,7 +31,7 @@ from leanbatch.engine.running.data import ContractError, HookMissing, StudyError
 from leanbatch.engine.running.run import Run
 from leanbatch.engine.running.turns import Stopped, take_turns
 
-__all__ = ["Outcome", "Study", "run_study"]
+__all__ = ["Outcome", "Study", "error_line", "run_study"]
 
 
 @dataclass
@@ -104,8 +104,13 @@ class Outcome:
     left_out: list[str] = field(default_factory=list)
 
 
-def _line(e: BaseException) -> str:
-    """An arm's failure in one line: the contract's own message, or what the task raised."""
+def error_line(e: BaseException) -> str:
+    """An arm's failure in one line: the contract's own message, or what the task raised.
+
+    Example:
+        >>> error_line(ZeroDivisionError("the user's bug\nmore"))
+        "the task raised ZeroDivisionError: the user's bug"
+    """
     first = (str(e).strip().splitlines() or [""])[0]
     return (
         first if isinstance(e, (ContractError, TaskError)) else f"the task raised {type(e).__name__}: {first}"
@@ -159,10 +164,10 @@ def _record(out: Outcome, run: Run, on_run: Callable[[RunRecord], None], result:
         out.runs.append(result)
         on_run(result)
     elif isinstance(result, StudyError):
-        out.stopped = {"method": run.label, "seed": seed, "error": _line(result)}
+        out.stopped = {"method": run.label, "seed": seed, "error": error_line(result)}
     elif isinstance(result, HookMissing):
         out.left_out.append(run.label)
     elif isinstance(result, Stopped):
         out.interrupted = True
     else:
-        out.failed.append({"method": run.label, "seed": seed, "error": _line(result)})
+        out.failed.append({"method": run.label, "seed": seed, "error": error_line(result)})

@@ -34,8 +34,9 @@ import torch
 
 from leanbatch.arms.methods import Arm
 from leanbatch.engine.judging.journal import dumps
-from leanbatch.engine.running.data import ContractError, HookMissing, StudyError
+from leanbatch.engine.running.data import HookMissing, StudyError
 from leanbatch.engine.running.run import Run
+from leanbatch.engine.running.study import error_line
 
 __all__ = ["OUTCOME", "Spec", "run_one", "trial"]
 
@@ -58,11 +59,6 @@ class Spec:
     threads: int | None = None
 
 
-def _line(e: BaseException) -> str:
-    first = (str(e).strip().splitlines() or [""])[0]
-    return first if isinstance(e, ContractError) else f"the task raised {type(e).__name__}: {first}"
-
-
 def run_one(spec: Spec, label: str, seed: int, report: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     """Run ``label`` at ``seed`` in this process, each ``run.log`` to ``report``: the outcome, plain values
     (``outcome``: ``run`` with its ``record`` as JSON, ``failed``, ``stopped`` or ``left_out`` with its
@@ -76,11 +72,11 @@ def run_one(spec: Spec, label: str, seed: int, report: Callable[[dict[str, Any]]
         run.clock.resume()
         record = run.finish(spec.task(run))
     except StudyError as e:
-        return {"outcome": "stopped", "error": _line(e)}
+        return {"outcome": "stopped", "error": error_line(e)}
     except HookMissing as e:
-        return {"outcome": "left_out", "error": _line(e)}
+        return {"outcome": "left_out", "error": error_line(e)}
     except Exception as e:  # the task's own error: reported once, never retried
-        return {"outcome": "failed", "error": _line(e)}
+        return {"outcome": "failed", "error": error_line(e)}
     finally:
         run.clock.pause()
     return {"outcome": "run", "record": dumps(record.as_dict())}
