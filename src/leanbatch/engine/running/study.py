@@ -108,7 +108,7 @@ def error_line(e: BaseException) -> str:
     """An arm's failure in one line: the contract's own message, or what the task raised.
 
     Example:
-        >>> error_line(ZeroDivisionError("the user's bug\nmore"))
+        >>> error_line(ZeroDivisionError("the user's bug"))
         "the task raised ZeroDivisionError: the user's bug"
     """
     first = (str(e).strip().splitlines() or [""])[0]
