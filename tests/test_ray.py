@@ -57,10 +57,15 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
 
 
+def _cluster(files: dict[str, str], **options: Any) -> Cluster:
+    """The module's cluster, one torch thread a run, Tune quiet and its logs in the module's folder."""
+    return Cluster(threads=1, verbose=0, storage=Path(files["LEANBATCH_TEST_MARKS"]) / "tune", **options)
+
+
 def test_a_ray_study_equals_the_local_one(cluster: dict[str, str]) -> None:
     torch.set_num_threads(1)
     local = bench(engine_tasks.train, **STUDY)
-    on_ray = bench(engine_tasks.train, ray=Cluster(threads=1, verbose=0), **STUDY)
+    on_ray = bench(engine_tasks.train, ray=_cluster(cluster), **STUDY)
     assert len(on_ray["runs"]) == 3 and on_ray["failed"] == [] and on_ray["interrupted"] is False
     assert _runs(on_ray) == _runs(local)
     assert _verdicts(on_ray) == _verdicts(local)
@@ -88,7 +93,7 @@ def faulty(run):  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="module")
 def faults(cluster: dict[str, str]) -> tuple[Any, list[str]]:
     study = dict(STUDY, methods="random,infobatch", budgets="none")
-    report = bench(faulty, ray=Cluster(threads=1, verbose=0, retries=1), **study)
+    report = bench(faulty, ray=_cluster(cluster, retries=1), **study)
     starts = (Path(cluster["LEANBATCH_TEST_MARKS"]) / "starts.txt").read_text().splitlines()
     return report, starts
 
@@ -161,7 +166,7 @@ def test_a_distributed_run_of_two_gloo_processes_is_one_trial(cluster: dict[str,
     finally:
         sys.path.remove(str(HERE.parent / "examples"))
     report = bench(distributed_task.train, methods="baseline", seeds=[0], budgets="none", batch_budgets="none",
-                   metric="accuracy", plots=False, ray=Cluster(workers=2, threads=1, verbose=0))  # fmt: skip
+                   metric="accuracy", plots=False, ray=_cluster(cluster, workers=2))  # fmt: skip
     (run,) = report["runs"]
     assert report["failed"] == [] and run["num_samples"] == 1000  # each process trained its half of 2,000
     assert [e["forwarded"] for e in run["epochs"]] == [1000] * distributed_task.EPOCHS
