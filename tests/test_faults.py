@@ -58,8 +58,8 @@ def _default_sigint() -> None:
 class Child:
     """A subprocess whose stdout lines can be awaited with a deadline (SIGINT at its default)."""
 
-    def __init__(self, argv: list[str], cwd: Path):
-        env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    def __init__(self, argv: list[str], cwd: Path, env: dict[str, str] | None = None):
+        env = {**os.environ, **(env or {}), "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
         self.proc = subprocess.Popen(
             argv,
             cwd=cwd,

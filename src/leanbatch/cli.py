@@ -151,9 +151,11 @@ def _main(argv: list[str]) -> int:
 def _dispatch(args: argparse.Namespace) -> int:
     from leanbatch.arms.methods import ArmError
     from leanbatch.cli_bench import run_bench
+    from leanbatch.engine.judging.journal import JournalError
+    from leanbatch.engine.running.cluster import ClusterError
     from leanbatch.engine.running.contract import TaskError
 
-    bad: tuple[type[Exception], ...] = (CLIError, ArmError, TaskError)
+    bad: tuple[type[Exception], ...] = (CLIError, ArmError, TaskError, JournalError, ClusterError)
     if args.command == "bench" and not args.task:
         from leanbatch.tasks.images.data import DataError
         from leanbatch.tasks.images.presets import PresetError

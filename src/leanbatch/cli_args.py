@@ -85,6 +85,7 @@ def int_list(
 
 def _bench_parser(sub: Any) -> None:
     from leanbatch.arms.registry import kinds_help
+    from leanbatch.cli_cluster import ray_options
     from leanbatch.cli_help import BENCH_DESCRIPTION, HelpFormatter, bench_epilog
 
     b = sub.add_parser(
@@ -94,6 +95,7 @@ def _bench_parser(sub: Any) -> None:
     _run_options(b)
     _image_options(b)
     _method_options(b)
+    ray_options(b, _int)
     _output_options(b)
 
 

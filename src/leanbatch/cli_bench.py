@@ -209,11 +209,12 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace, main: bool) -> int:
+    from leanbatch.cli_cluster import cluster_from
     from leanbatch.engine.judging.outputs import RESULTS, unfinished_path, write_results
     from leanbatch.engine.judging.report import closing, publish, terminal_width
     from leanbatch.engine.judging.results import build_results
     from leanbatch.engine.progress import Progress
-    from leanbatch.engine.running.study import run_study
+    from leanbatch.engine.study import execute
 
     _plots_available(args)
     out = Path(args.out)
@@ -244,14 +245,14 @@ def _bench(args: argparse.Namespace, main: bool) -> int:
     bar = Progress(study) if main and not args.no_progress and sys.stderr.isatty() else None
     say = print if bar is None else bar.write
     try:
-        outcome = run_study(
-            study, on_run=lambda r: _done(r, study.metric, say, bar), on_seed=saved,
-            on_log=None if bar is None else bar.log,
+        outcome, journal = execute(
+            study, out, fresh=args.fresh, write=main, on_seed=saved, cluster=cluster_from(args, out),
+            on_run=lambda r: _done(r, study.metric, say, bar), on_log=None if bar is None else bar.log,
         )  # fmt: skip
     finally:
         if bar is not None:
             bar.close()
-    if _stopped(outcome, wrote[-1:]):
+    if _stopped(outcome, wrote[-1:] + ([journal.path] if main and journal else [])):
         return 2
     if not main:
         return 130 if outcome.interrupted else 0
@@ -265,6 +266,8 @@ def _bench(args: argparse.Namespace, main: bool) -> int:
     written = publish(final, target, None if args.no_plots or target != out / RESULTS else out)
     if target != unfinished:
         unfinished.unlink(missing_ok=True)  # this study's own per-seed saves, now complete
+    if journal is not None and target == out / RESULTS and not outcome.failed:
+        journal.close()  # complete: results.json is its record now
     print(closing(final, written, args.tables, time.perf_counter() - t0), flush=True)
     return _status(outcome, target, out / RESULTS)
 

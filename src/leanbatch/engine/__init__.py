@@ -17,9 +17,10 @@ Example:
 """
 
 from leanbatch.engine.judging.report import Report
+from leanbatch.engine.running.cluster import Cluster
 from leanbatch.engine.running.data import Budget, ContractError, KeepAll
 from leanbatch.engine.running.run import Run
 from leanbatch.engine.running.selecting import Pick
 from leanbatch.engine.study import bench
 
-__all__ = ["Budget", "ContractError", "KeepAll", "Pick", "Report", "Run", "bench"]
+__all__ = ["Budget", "Cluster", "ContractError", "KeepAll", "Pick", "Report", "Run", "bench"]

@@ -19,21 +19,25 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from leanbatch.arms.grid import study_arms
 from leanbatch.arms.methods import DEFAULT_METHODS, ArmError
+from leanbatch.engine.judging.journal import Journal
+from leanbatch.engine.judging.records import RunRecord
 from leanbatch.engine.judging.report import Report
 from leanbatch.engine.judging.results import DEFAULT_TOLERANCE, build_results, parse_tolerance
 from leanbatch.engine.judging.verdicts import default_goal
 from leanbatch.engine.progress import Progress
+from leanbatch.engine.running.cluster import Cluster, run_on_ray
 from leanbatch.engine.running.data import StudyError
 from leanbatch.engine.running.run import Run
-from leanbatch.engine.running.study import Study, run_study
+from leanbatch.engine.running.study import Outcome, Study, run_study
 
-__all__ = ["bench"]
+__all__ = ["bench", "execute"]
 
 
 def bench(
@@ -52,6 +56,8 @@ def bench(
     out: str | Path | None = None,
     plots: bool = True,
     progress: bool = False,
+    fresh: bool = False,
+    ray: bool | str | Cluster | None = None,
 ) -> Report:
     """Run ``task`` under every arm (``methods``, default ``baseline,random,infobatch,sb,infobatch+sb``,
     the batch-level ones left out when the task trains a step without ``run.select``;
@@ -64,6 +70,11 @@ def bench(
     final metric counts as reaching it (``t->target``), ``"N%"`` of that metric (default ``"1%"``,
     the same on any scale) or a number in the metric's units; ``progress``: a bar on stderr (runs
     done of all, elapsed, ETA, the arm training now).
+    With ``out``, every run is also recorded as it
+    finishes: started again on the same ``out`` after a kill, the study keeps the finished runs and
+    trains only the rest (``fresh``: it trains them all again). ``ray``: every run a Ray Tune trial, on
+    a Ray instance started here (``True``), the cluster at an address (``"auto"``, ``"ray://host:port"``)
+    or as a :class:`~leanbatch.engine.running.cluster.Cluster` says (resources, workers, retries).
     Bad input, and a breach of the contract every arm shares (no ``metric``, batches larger than
     ``run.batch_size``, a budget the loop cannot train), found at its first sign:
     ``ValueError`` of one line (:class:`~leanbatch.engine.running.data.StudyError`), nothing judged."""
@@ -78,8 +89,11 @@ def bench(
                   tolerance, clock, controls, {"task": name}, {"name": name}, f"leanbatch.engine.bench({name})",
                   optional=methods is None)  # fmt: skip
     study.check()
+    folder = None if out is None else Path(out)
+    cluster = _cluster(ray, folder)
     with Progress(study) if progress else contextlib.nullcontext() as bar:
-        outcome = run_study(study) if bar is None else run_study(study, on_run=bar.done, on_log=bar.log)
+        hooks: dict[str, Any] = {} if bar is None else {"on_run": bar.done, "on_log": bar.log}
+        outcome, journal = execute(study, folder, fresh=fresh, cluster=cluster, **hooks)
     if outcome.stopped is not None:
         s = outcome.stopped
         raise StudyError(f"{s['method']} seed {s['seed']}: {s['error']}; the study stopped, nothing judged")
@@ -90,4 +104,55 @@ def bench(
     report = Report(payload)
     if out is not None:
         report.save(out, plots)
+    if journal is not None and not (outcome.failed or outcome.interrupted):
+        journal.close()
     return report
+
+
+def _cluster(ray: bool | str | Cluster | None, folder: Path | None) -> Cluster | None:
+    """``bench``'s ``ray`` as a :class:`~leanbatch.engine.running.cluster.Cluster` (None: no Ray)."""
+    storage = None if folder is None else folder / "tune"
+    if isinstance(ray, Cluster):
+        return ray if ray.storage is not None else dataclasses.replace(ray, storage=storage)
+    if ray is None or ray is False:
+        return None
+    return Cluster(None if ray is True else str(ray), storage=storage, verbose=0)
+
+
+def execute(
+    study: Study,
+    out: Path | None,
+    *,
+    fresh: bool = False,
+    write: bool = True,
+    on_run: Callable[[RunRecord], None] = lambda r: None,
+    on_seed: Callable[[Outcome], None] = lambda o: None,
+    on_log: Callable[[Run], None] | None = None,
+    cluster: Cluster | None = None,
+) -> tuple[Outcome, Journal | None]:
+    """Run ``study``, recording each finished run in ``out``'s
+    :class:`~leanbatch.engine.judging.journal.Journal` (None: no record) and keeping the runs an
+    earlier start recorded (one line says which; ``fresh``: none kept; ``write``: read the record, never
+    write it, as every process but the first under torchrun); the outcome and the journal, for the
+    caller to close once its results are written; on ``cluster``, every run a Ray Tune trial. A record of
+    another study, a cluster that cannot be used: ``ValueError`` of one line."""
+    if cluster is not None:
+        cluster.check()
+    journal = None
+    if out is not None:
+        if write:
+            out.mkdir(parents=True, exist_ok=True)
+        arms = {a.label: a.config() for a in study.arms}
+        journal = Journal.open(out, study.identity(), arms, study.seeds, fresh=fresh, write=write)
+        if line := journal.line(len(study.arms) * len(study.seeds)):
+            print(line, flush=True)
+
+    def recorded(run: RunRecord) -> None:
+        if journal is not None and write:
+            journal.append(run)
+        on_run(run)
+
+    kept = [] if journal is None else journal.kept
+    if cluster is not None:
+        return run_on_ray(study, cluster, on_run=recorded, on_seed=on_seed, kept=kept), journal
+    return run_study(study, on_run=recorded, on_seed=on_seed, on_log=on_log, kept=kept), journal

@@ -19,7 +19,7 @@ Example:
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,7 +31,7 @@ from leanbatch.engine.running.data import ContractError, HookMissing, StudyError
 from leanbatch.engine.running.run import Run
 from leanbatch.engine.running.turns import Stopped, take_turns
 
-__all__ = ["Outcome", "Study", "run_study"]
+__all__ = ["Outcome", "Study", "error_line", "run_study"]
 
 
 @dataclass
@@ -66,6 +66,12 @@ class Study:
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise TaskError(f"seeds must be distinct integers, at least one: got {self.seeds}")
 
+    def identity(self) -> dict[str, Any]:
+        """What every run of the study depends on besides its arm and seed: a run recorded under
+        another identity is another study's (:class:`~leanbatch.engine.judging.journal.Journal`)."""
+        return {"task_id": task_identity(self.task), "metric": self.metric, "goal": self.goal,
+                "config": dict(self.config), "data": dict(self.data)}  # fmt: skip
+
     def config_entry(self) -> dict[str, Any]:
         """results.json's ``config``."""
         base = [a for a in self.arms if a.kind == "baseline"]
@@ -98,8 +104,13 @@ class Outcome:
     left_out: list[str] = field(default_factory=list)
 
 
-def _line(e: BaseException) -> str:
-    """An arm's failure in one line: the contract's own message, or what the task raised."""
+def error_line(e: BaseException) -> str:
+    """An arm's failure in one line: the contract's own message, or what the task raised.
+
+    Example:
+        >>> error_line(ZeroDivisionError("the user's bug"))
+        "the task raised ZeroDivisionError: the user's bug"
+    """
     first = (str(e).strip().splitlines() or [""])[0]
     return (
         first if isinstance(e, (ContractError, TaskError)) else f"the task raised {type(e).__name__}: {first}"
@@ -111,10 +122,13 @@ def run_study(
     on_run: Callable[[RunRecord], None] = lambda r: None,
     on_seed: Callable[[Outcome], None] = lambda o: None,
     on_log: Callable[[Run], None] | None = None,
+    kept: Sequence[RunRecord] = (),
 ) -> Outcome:
     """Train every arm at every seed (``on_run`` after each finished run, ``on_seed`` after each seed,
-    ``on_log`` at each ``run.log``). A default method left out is taken off ``study.arms``."""
-    out = Outcome()
+    ``on_log`` at each ``run.log``) but the runs ``kept`` from an earlier start, which the outcome
+    holds first. A default method left out is taken off ``study.arms``."""
+    out = Outcome(runs=list(kept))
+    done = {(r.method, r.seed) for r in kept}
     try:
         for k, seed in enumerate(study.seeds):
             # rotated per seed, so a slow spell does not always land on the same arm (whole runs: a task
@@ -123,9 +137,13 @@ def run_study(
             order = sorted(study.arms, key=lambda a: (a.batch == 1.0, not a.limited))
             arms = order[k % len(order) :] + order[: k % len(order)]
             runs = [Run(arm, seed, study.metric, on_log, metric_option=study.metric_option,
-                        optional=study.optional) for arm in arms]  # fmt: skip
-            for run, result in take_turns(study.task, runs, whole=study.interleave == "run"):
-                _record(out, run, seed, result, on_run)
+                        optional=study.optional) for arm in arms if (arm.label, seed) not in done]  # fmt: skip
+            first = len(out.runs)
+            take_turns(
+                study.task, runs, study.interleave == "run", lambda r, result: _record(out, r, on_run, result)
+            )
+            labels = [r.label for r in runs]  # recorded as they finished, kept in the turns' order
+            out.runs[first:] = sorted(out.runs[first:], key=lambda r: labels.index(r.method))
             study.arms = [a for a in study.arms if a.label not in out.left_out]
             study.left_out = list(out.left_out)
             if out.stopped is not None:
@@ -139,16 +157,17 @@ def run_study(
     return out
 
 
-def _record(out: Outcome, run: Run, seed: int, result: Any, on_run: Callable[[RunRecord], None]) -> None:
+def _record(out: Outcome, run: Run, on_run: Callable[[RunRecord], None], result: Any) -> None:
     """One arm's outcome into ``out``."""
+    seed = run.seed
     if isinstance(result, RunRecord):
         out.runs.append(result)
         on_run(result)
     elif isinstance(result, StudyError):
-        out.stopped = {"method": run.label, "seed": seed, "error": _line(result)}
+        out.stopped = {"method": run.label, "seed": seed, "error": error_line(result)}
     elif isinstance(result, HookMissing):
         out.left_out.append(run.label)
     elif isinstance(result, Stopped):
         out.interrupted = True
     else:
-        out.failed.append({"method": run.label, "seed": seed, "error": _line(result)})
+        out.failed.append({"method": run.label, "seed": seed, "error": error_line(result)})

@@ -133,17 +133,26 @@ def _stop_all(arms: list[_Arm]) -> None:
             arm.outcome = Stopped()
 
 
-def take_turns(task: Callable[[Run], Any], runs: list[Run], whole: bool = False) -> list[tuple[Run, Any]]:
+def take_turns(
+    task: Callable[[Run], Any],
+    runs: list[Run],
+    whole: bool = False,
+    on_done: Callable[[Run, Any], None] = lambda run, outcome: None,
+) -> list[tuple[Run, Any]]:
     """Run ``task`` once per run, in turns (``whole``: each run to its end before the next); each
     run with its outcome: its :class:`~leanbatch.engine.judging.records.RunRecord`, or the exception it
     raised, or :class:`Stopped` when Ctrl-C or another arm's
-    :class:`~leanbatch.engine.running.data.StudyError` stopped it (then every unfinished arm is stopped)."""
+    :class:`~leanbatch.engine.running.data.StudyError` stopped it (then every unfinished arm is stopped).
+    ``on_done(run, outcome)``: once per run, as it ends (before the next turn), the stopped ones last;
+    after Ctrl-C, KeyboardInterrupt is raised again once they are all out."""
     yielded = threading.Event()
     start = _rng_state()
     arms = [_Arm(task, run, start, yielded) for run in runs]
     for arm in arms:
         arm.thread.start()
     current: _Arm | None = None
+    reported: set[int] = set()
+    interrupted = False
     try:
         while not all(a.done for a in arms):
             live = [a for a in arms if not a.done]
@@ -152,6 +161,9 @@ def take_turns(task: Callable[[Run], Any], runs: list[Run], whole: bool = False)
             current.go.set()
             while not yielded.wait(0.2):  # a timeout: Ctrl-C reaches the main thread while it waits
                 pass
+            if current.done and not isinstance(current.outcome, Stopped):
+                reported.add(id(current))
+                on_done(current.run, current.outcome)
             if isinstance(current.outcome, Stopped):
                 raise KeyboardInterrupt  # the arm was interrupted: stop the others as Ctrl-C would
             if isinstance(current.outcome, StudyError):
@@ -159,6 +171,12 @@ def take_turns(task: Callable[[Run], Any], runs: list[Run], whole: bool = False)
                 break
     except KeyboardInterrupt:
         _stop_all(arms)
+        interrupted = True
     finally:
         _set_rng_state(start)
+    for a in arms:
+        if id(a) not in reported:
+            on_done(a.run, a.outcome)
+    if interrupted:  # Ctrl-C, after every run's outcome is out (it may have come while one was recorded)
+        raise KeyboardInterrupt
     return [(a.run, a.outcome) for a in arms]
