@@ -209,12 +209,9 @@ def run_bench(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace, main: bool) -> int:
-    from leanbatch.cli_cluster import cluster_from
     from leanbatch.engine.judging.outputs import RESULTS, unfinished_path, write_results
     from leanbatch.engine.judging.report import closing, publish, terminal_width
     from leanbatch.engine.judging.results import build_results
-    from leanbatch.engine.progress import Progress
-    from leanbatch.engine.study import execute
 
     _plots_available(args)
     out = Path(args.out)
@@ -242,16 +239,7 @@ def _bench(args: argparse.Namespace, main: bool) -> int:
             wrote.append(unfinished)
 
     t0 = time.perf_counter()
-    bar = Progress(study) if main and not args.no_progress and sys.stderr.isatty() else None
-    say = print if bar is None else bar.write
-    try:
-        outcome, journal = execute(
-            study, out, fresh=args.fresh, write=main, on_seed=saved, cluster=cluster_from(args, out),
-            on_run=lambda r: _done(r, study.metric, say, bar), on_log=None if bar is None else bar.log,
-        )  # fmt: skip
-    finally:
-        if bar is not None:
-            bar.close()
+    outcome, journal = _execute(study, args, out, main, saved)
     if _stopped(outcome, wrote[-1:] + ([journal.path] if main and journal else [])):
         return 2
     if not main:
@@ -270,6 +258,25 @@ def _bench(args: argparse.Namespace, main: bool) -> int:
         journal.close()  # complete: results.json is its record now
     print(closing(final, written, args.tables, time.perf_counter() - t0), flush=True)
     return _status(outcome, target, out / RESULTS)
+
+
+def _execute(
+    study: Study, args: argparse.Namespace, out: Path, main: bool, saved: Any
+) -> tuple[Outcome, Any]:
+    """The study run (on Ray with ``--ray``), a progress bar on a terminal, each run's line as it ends."""
+    from leanbatch.cli_cluster import cluster_from
+    from leanbatch.engine.progress import Progress
+    from leanbatch.engine.study import execute
+
+    bar = Progress(study) if main and not args.no_progress and sys.stderr.isatty() else None
+    try:
+        return execute(
+            study, out, fresh=args.fresh, write=main, on_seed=saved, cluster=cluster_from(args, out),
+            on_run=lambda r: _done(r, study.metric, bar), on_log=None if bar is None else bar.log,
+        )  # fmt: skip
+    finally:
+        if bar is not None:
+            bar.close()
 
 
 def _stopped(outcome: Outcome, saves: list[Path]) -> bool:
@@ -309,10 +316,13 @@ def _status(outcome: Outcome, target: Path, results: Path) -> int:
     return 0
 
 
-def _done(run: Any, metric: str, say: Any, bar: Any) -> None:
-    """A finished run: its line (above the bar), and the bar moved on."""
-    say(_line(run, metric))
-    if bar is not None:
+def _done(run: Any, metric: str, bar: Any) -> None:
+    """A finished run: its line (above the bar), and the bar moved on. Called on a Ray driver through a
+    Tune callback that Tune pickles: it holds no builtin (``print`` is looked up here)."""
+    if bar is None:
+        print(_line(run, metric), flush=True)
+    else:
+        bar.write(_line(run, metric))
         bar.done(run)
 
 

@@ -69,12 +69,9 @@ def bench(
     the same verdicts on any machine), ``wall`` or ``cpu``; ``tolerance``: how near the baseline's
     final metric counts as reaching it (``t->target``), ``"N%"`` of that metric (default ``"1%"``,
     the same on any scale) or a number in the metric's units; ``progress``: a bar on stderr (runs
-    done of all, elapsed, ETA, the arm training now).
-    With ``out``, every run is also recorded as it
-    finishes: started again on the same ``out`` after a kill, the study keeps the finished runs and
-    trains only the rest (``fresh``: it trains them all again). ``ray``: every run a Ray Tune trial, on
-    a Ray instance started here (``True``), the cluster at an address (``"auto"``, ``"ray://host:port"``)
-    or as a :class:`~leanbatch.engine.running.cluster.Cluster` says (resources, workers, retries).
+    done of all, elapsed, ETA). Started again on the same ``out``, the finished runs are kept and only
+    the rest train (``fresh``: all again). ``ray``: every run a Ray Tune trial on a local Ray (``True``),
+    at an address (``"auto"``, ``"ray://host:port"``) or as a :class:`~leanbatch.engine.running.cluster.Cluster` says.
     Bad input, and a breach of the contract every arm shares (no ``metric``, batches larger than
     ``run.batch_size``, a budget the loop cannot train), found at its first sign:
     ``ValueError`` of one line (:class:`~leanbatch.engine.running.data.StudyError`), nothing judged."""
@@ -90,13 +87,7 @@ def bench(
                   optional=methods is None)  # fmt: skip
     study.check()
     folder = None if out is None else Path(out)
-    cluster = _cluster(ray, folder)
-    with Progress(study) if progress else contextlib.nullcontext() as bar:
-        hooks: dict[str, Any] = {} if bar is None else {"on_run": bar.done, "on_log": bar.log}
-        outcome, journal = execute(study, folder, fresh=fresh, cluster=cluster, **hooks)
-    if outcome.stopped is not None:
-        s = outcome.stopped
-        raise StudyError(f"{s['method']} seed {s['seed']}: {s['error']}; the study stopped, nothing judged")
+    outcome, journal = _execute(study, folder, fresh, _cluster(ray, folder), progress)
     payload = build_results(
         outcome.runs, study.config_entry(), study.data, tolerance=tolerance, interrupted=outcome.interrupted,
         command=study.command, failed=outcome.failed,
@@ -107,6 +98,18 @@ def bench(
     if journal is not None and not (outcome.failed or outcome.interrupted):
         journal.close()
     return report
+
+
+def _execute(study: Study, folder: Path | None, fresh: bool, cluster: Cluster | None,
+             progress: bool) -> tuple[Outcome, Journal | None]:  # fmt: skip
+    """:func:`execute` with a progress bar on stderr when asked; a study a shared breach stopped raises."""
+    with Progress(study) if progress else contextlib.nullcontext() as bar:
+        hooks: dict[str, Any] = {} if bar is None else {"on_run": bar.done, "on_log": bar.log}
+        outcome, journal = execute(study, folder, fresh=fresh, cluster=cluster, **hooks)
+    if outcome.stopped is not None:
+        s = outcome.stopped
+        raise StudyError(f"{s['method']} seed {s['seed']}: {s['error']}; the study stopped, nothing judged")
+    return outcome, journal
 
 
 def _cluster(ray: bool | str | Cluster | None, folder: Path | None) -> Cluster | None:
