@@ -161,7 +161,7 @@ def test_a_wrong_length_loss_is_refused_with_the_batch_size() -> None:
         ds.update(own_loss(idx)[1:])
 
 
-def test_update_returns_the_loss_dtype_on_weighted_and_unweighted_batches() -> None:
+def test_update_returns_float32_for_bf16_losses_on_weighted_and_unweighted_batches() -> None:
     ds = InfoBatch(data(), num_epochs=3, prune_ratio=0.5, delta=0.67, seed=0)
     dtypes = set()
     for epoch in range(3):
@@ -169,7 +169,7 @@ def test_update_returns_the_loss_dtype_on_weighted_and_unweighted_batches() -> N
         for _, idx in DataLoader(ds, sampler=ds.sampler, batch_size=16):
             dtypes.add(ds.update(own_loss(idx).to(torch.bfloat16)).dtype)
     assert ds.epoch_stats[1]["pruning"]  # epoch 1 weighted its batches
-    assert dtypes == {torch.bfloat16}
+    assert dtypes == {torch.float32}
 
 
 def test_torch_compile_over_a_whole_step_that_calls_update() -> None:

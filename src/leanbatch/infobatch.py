@@ -151,13 +151,22 @@ class InfoBatch(Dataset):
         many = getattr(self.dataset, "__getitems__", None)
         return list(many(indices)) if callable(many) else [self.dataset[i] for i in indices]
 
-    def __getattr__(self, name: str) -> Any:
-        # Delegate unknown attributes to the wrapped dataset (e.g. .classes), but never
-        # while unpickling or for dunder lookups: that is what makes the official wrapper
-        # recurse forever under spawn and deepcopy.
-        if name.startswith("__") or "dataset" not in self.__dict__:
-            raise AttributeError(name)
-        return getattr(self.__dict__["dataset"], name)
+    if not TYPE_CHECKING:  # hidden from type checkers: a misspelt ``ds.updte(...)`` is their error
+
+        def __getattr__(self, name: str) -> Any:
+            # Delegate unknown attributes to the wrapped dataset (e.g. .classes), but never
+            # while unpickling or for dunder lookups: that is what makes the official wrapper
+            # recurse forever under spawn and deepcopy.
+            inner = self.__dict__.get("dataset")
+            if not name.startswith("__") and inner is not None:
+                try:
+                    return getattr(inner, name)
+                except AttributeError:
+                    pass
+            raise AttributeError(
+                f"'InfoBatch' object has no attribute {name!r}, nor has the dataset it wraps "
+                f"({type(inner).__name__})"
+            )
 
     # ------------------------------------------------------------------ training
     def set_epoch(self, epoch: int) -> None:
@@ -187,8 +196,8 @@ class InfoBatch(Dataset):
                 batch, or :meth:`next_indices` before training it).
 
         Returns:
-            ``mean(loss * weight)``: the InfoBatch-rescaled loss to backpropagate, in ``loss``'s
-            dtype. Inside ``torch.compile`` the call is a graph break (it runs eagerly).
+            ``mean(loss * weight)``: the InfoBatch-rescaled loss to backpropagate, reduced in
+            float32 (fp16 and bf16 losses come back as float32). Inside ``torch.compile`` the call is a graph break (it runs eagerly).
 
         Example:
             >>> import torch

@@ -43,7 +43,7 @@ def update_served(sampler: PrunedSampler, loss: Tensor) -> Tensor:
     sampler.store(idx if scored >= k else _unscored(idx, None, scored, k, sampler.scores.num_samples), loss)
     w = plan.weights_on(loss.device)
     if w is None:
-        return loss.mean()
+        return weighted_mean(loss, None)
     rows = idx if w.is_cpu else idx.to(w.device, non_blocking=True)
     return weighted_mean(loss, w.index_select(0, plan.local_rows(rows)))
 
@@ -84,18 +84,21 @@ def update_indexed(sampler: PrunedSampler, loss: Tensor, indices: Any, positions
     else:
         sampler.store(idx, loss)
     sampler.commit(n, gathered=True)
-    return loss.mean() if w is None else weighted_mean(loss, w)
+    return weighted_mean(loss, w)
 
 
-def weighted_mean(loss: Tensor, w: Tensor) -> Tensor:
-    """``mean(loss * w)`` in ``loss``'s dtype (the float32 weights would promote bf16 or fp16).
+def weighted_mean(loss: Tensor, w: Tensor | None) -> Tensor:
+    """``mean(loss * w)`` (``w=None``: all 1), reduced in float32 at least: fp16 and bf16 losses come
+    back as float32, so a weighted batch overflows no earlier than ``loss.mean()`` does.
 
     Example:
-        >>> weighted_mean(torch.tensor([1.0, 3.0], dtype=torch.bfloat16), torch.tensor([2.0, 1.0])).dtype
-        torch.bfloat16
+        >>> half = torch.tensor([50_000.0, 50_000.0], dtype=torch.float16)
+        >>> out = weighted_mean(half, torch.tensor([1.0, 2.0]))
+        >>> float(out), out.dtype, float((half * torch.tensor([1.0, 2.0]).half()).mean())
+        (75000.0, torch.float32, inf)
     """
-    out = (loss * w).mean()
-    return out if out.dtype == loss.dtype else out.to(loss.dtype)
+    wide = loss if loss.dtype.itemsize >= 4 else loss.float()
+    return wide.mean() if w is None else (wide * w).mean()
 
 
 def _gather_checked(table: ScoreTable, plan: Plan, device: torch.device, rows: Tensor) -> Tensor | None:
