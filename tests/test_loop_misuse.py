@@ -54,10 +54,16 @@ class Bucketing(Sampler[list[int]]):
         return -(-len(self.sampler) // self.batch_size)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_a_batch_sampler_that_regroups_the_served_indices_is_refused_at_the_first_batch(workers: int) -> None:
+@pytest.mark.parametrize("workers, context", [(0, None), (2, None), (1, "spawn")])
+def test_a_batch_sampler_that_regroups_the_served_indices_is_refused_at_the_first_batch(
+    workers: int, context: str | None
+) -> None:
+    """In this process, in forked workers, and in a spawned worker (which gets the keys' pipe when the
+    DataLoader pickles the dataset for it)."""
     ds = InfoBatch(data(), num_epochs=2, seed=0)
-    loader = DataLoader(ds, batch_sampler=Bucketing(ds.sampler, 16), num_workers=workers)
+    loader = DataLoader(
+        ds, batch_sampler=Bucketing(ds.sampler, 16), num_workers=workers, multiprocessing_context=context
+    )
     batches = iter(loader)
     _, idx = next(batches)
     with pytest.raises(ValueError, match=r"update\(loss, indices\)"):

@@ -2,12 +2,20 @@
 
 ``InfoBatch.__getitems__`` sees every batch a ``DataLoader`` fetches. Its :data:`Key` (size,
 first and last dataset index) is queued in this process, or, in a DataLoader worker process,
-written into that worker's own ring of one shared-memory table (read here through a ``ctypes``
-view: no tensor operation and no numpy per step). An update without indices trains the next
-samples the sampler served; :meth:`Fetches.check_batch` refuses it unless a batch with their key
-was fetched, so a loss of the wrong length, a second update of one batch or a batch sampler that
-regroups the served indices fails before a score lands on a wrong sample, while fetches that no
-update trains (an evaluation pass through the dataset) are dropped.
+written into one pipe this process reads (:class:`_Pipe`). An update without indices trains the
+next samples the sampler served; :meth:`Fetches.check_batch` refuses it unless a batch with their
+key was fetched, so a loss of the wrong length, a second update of one batch or a batch sampler
+that regroups the served indices fails before a score lands on a wrong sample, while fetches that
+no update trains (an evaluation pass through the dataset) are dropped.
+
+The pipe is correct by construction: a key is one write of 24 bytes, and POSIX makes a write of
+at most ``PIPE_BUF`` bytes to a pipe atomic, so any number of writers (any process ids, several
+loaders at once) never interleave or overwrite one another; the kernel orders a worker's write
+before the batch that worker then sends through the DataLoader's own pipe, so the key is readable
+here before its batch is trained, on any processor; and no bound is assumed: a write never blocks,
+and a read that finds the pipe half full or more (keys may have been dropped: a long evaluation
+through workers with no update) turns the missing-key check into the size check until the
+sampler's next fresh iteration.
 
 Example:
     >>> f = Fetches()
@@ -20,22 +28,21 @@ Example:
 
 from __future__ import annotations
 
-import ctypes
+import multiprocessing
 import os
+import struct
+import sys
 from collections import deque
 from collections.abc import Sequence
+from multiprocessing.context import get_spawning_popen
 from typing import Any
-
-import torch
 
 from leanbatch.ledger import Iteration, Key
 
 __all__ = ["Fetches", "size_error", "why_not"]
 
-WORKER_SLOTS = 256  # worker processes' rings (a worker's is its pid's, modulo this)
-RING = 16  # keys a worker's ring holds (a worker is at most prefetch_factor batches ahead)
 QUEUE_LIMIT = 1024  # keys kept here: the oldest (fetches nothing trained, e.g. evaluation) age out
-HEAD = 1 + WORKER_SLOTS  # the table: [0] a worker wrote, [1 + s] keys slot s wrote, then the rings
+RECORD = struct.Struct("<3q")  # one key in the pipe: 24 bytes, one atomic write
 
 
 class Fetches:
@@ -44,13 +51,19 @@ class Fetches:
     def __init__(self) -> None:
         self._owner = os.getpid()
         self._queue: deque[Key] = deque(maxlen=QUEUE_LIMIT)
-        self._rings: _Rings | None = None
+        self._pipe: _Pipe | None = None
         self.recorded = False  # a fetch was ever queued in this process
 
+    def __getstate__(self) -> dict[str, Any]:
+        # A DataLoader starting a worker by spawn (or forkserver) pickles the dataset: the worker
+        # gets the pipe (multiprocessing passes its descriptor). Any other copy (pickle, deepcopy)
+        # is no worker of this run: it gets none.
+        return {**self.__dict__, "_pipe": self._pipe if get_spawning_popen() is not None else None}
+
     def track(self) -> None:
-        """Share the keys fetched by DataLoader worker processes (call before they start)."""
-        if self._rings is None:
-            self._rings = _Rings()
+        """Receive the keys fetched by DataLoader worker processes (call before they start)."""
+        if self._pipe is None:
+            self._pipe = _Pipe.open()
 
     def fetched(self, indices: Sequence[int]) -> None:
         """A batch of dataset ``indices`` was fetched (``Dataset.__getitems__``)."""
@@ -60,8 +73,8 @@ class Fetches:
         if os.getpid() == self._owner:
             self._queue.append(key)
             self.recorded = True
-        elif self._rings is not None:
-            self._rings.write(key)
+        elif self._pipe is not None:
+            self._pipe.write(key)
 
     def match(self, key: Key) -> bool | None:
         """Whether a batch with ``key`` was fetched (consumed; the fetches queued here before it are
@@ -75,9 +88,11 @@ class Fetches:
                 while queue.popleft() != key:
                     pass
                 return True
-        found = None if self._rings is None else self._rings.take(key)
+        found = None if self._pipe is None else self._pipe.take(key)
         if found:
             queue.clear()  # fetched by a worker: the ones queued here were evaluation passes
+        if not found and self._pipe is not None and self._pipe.lost:
+            return None  # keys may have been dropped: the sizes alone
         return (False if self.recorded else None) if found is None else found
 
     def size(self, n: int) -> int | None:
@@ -89,17 +104,17 @@ class Fetches:
                 for _ in range(i + 1):
                     queue.popleft()
                 return n
-        rings = self._rings
-        keys = [] if rings is None else rings.keys()
+        pipe = self._pipe
+        keys = [] if pipe is None else pipe.keys()
         sized = next((key for key in keys if key[0] == n), None)
-        if rings is not None and sized is not None:
-            rings.take(sized)
+        if pipe is not None and sized is not None:
+            pipe.take(sized)
             return n
         return keys[0][0] if keys else queue[0][0] if queue else None
 
     def like(self, key: Key) -> Key | None:
         """A fetched batch that starts where ``key`` starts (``None``: none)."""
-        keys = list(self._queue) + ([] if self._rings is None else self._rings.keys())
+        keys = list(self._queue) + ([] if self._pipe is None else self._pipe.keys())
         return next((k for k in keys if k[1] == key[1]), None)
 
     @property
@@ -110,11 +125,19 @@ class Fetches:
     @property
     def any(self) -> bool:
         """A batch was ever fetched through the dataset (here or in a worker process)."""
-        return self.recorded or (self._rings is not None and self._rings.written)
+        if self.recorded or self._pipe is None:
+            return self.recorded
+        self._pipe.read()
+        return self._pipe.written
 
-    def clear(self) -> None:
-        """Forget the batches fetched in this process (an abandoned iteration's are never trained)."""
+    def clear(self, workers: bool = False) -> None:
+        """Forget the batches fetched in this process (an abandoned iteration's are never trained);
+        ``workers``: those of worker processes too (no earlier iteration has samples in flight)."""
         self._queue.clear()
+        if workers and self._pipe is not None:
+            self._pipe.read()  # what was written: a full pipe drops nothing from now on
+            self._pipe.pending.clear()
+            self._pipe.lost = False
 
     def check_size(self, it: Iteration, n: int, subject: str) -> None:
         """Refuse ``n`` samples of ``it`` that are not the size of a batch fetched through the dataset
@@ -138,80 +161,76 @@ class Fetches:
             raise ValueError(why_not(key, self))
 
 
-class _Rings:
-    """The keys fetched in DataLoader worker processes: one ring per worker (its pid's slot, which
-    only it writes) in one shared int64 table; this process reads the new keys of the slots that
-    wrote into ``pending`` (insertion-ordered, the oldest aged out) and consumes them."""
+class _Pipe:
+    """The keys fetched in DataLoader worker processes: one pipe, written and read without blocking
+    (see the module docstring); this process reads the keys into ``pending`` (insertion-ordered,
+    the oldest aged out) and consumes them."""
 
-    def __init__(self) -> None:
-        self.table = torch.zeros(HEAD + WORKER_SLOTS * RING * 3, dtype=torch.int64).share_memory_()
-        self._view: Any = None
-        self._pid = -1
-        self.seen = [0] * WORKER_SLOTS  # the keys of each slot read here
-        self.active: list[int] = []  # the slots that wrote
+    def __init__(self, reader: Any, writer: Any, capacity: int):
+        self._reader, self._writer = reader, writer
+        self.half = capacity // 2  # a read of this many bytes: the pipe may have been full
         self.pending: dict[Key, None] = {}
+        self.written = False  # a worker ever wrote
+        self.lost = False  # keys may have been dropped since the last fresh iteration
+
+    @classmethod
+    def open(cls) -> _Pipe | None:
+        """A pipe, or ``None`` where the platform has no non-blocking pipes (the sizes alone)."""
+        try:
+            reader, writer = multiprocessing.Pipe(duplex=False)  # Connections: spawned workers get them
+            os.set_blocking(reader.fileno(), False)
+            os.set_blocking(writer.fileno(), False)  # a full pipe drops a key, never stalls a worker
+        except (OSError, AttributeError):
+            return None
+        capacity = 16384  # the least a pipe holds on the platforms with non-blocking pipes
+        if sys.platform.startswith("linux"):
+            import fcntl
+
+            capacity = fcntl.fcntl(writer.fileno(), 1032)  # F_GETPIPE_SZ
+        return cls(reader, writer, capacity)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_view": None, "_pid": -1}  # a view is this process's address
-
-    def view(self) -> Any:
-        """The table as a ``ctypes`` array over its shared memory, made once per process."""
-        if self._pid != os.getpid():
-            self._view = (ctypes.c_int64 * self.table.numel()).from_address(self.table.data_ptr())
-            self._pid = os.getpid()
-        return self._view
-
-    @property
-    def written(self) -> bool:
-        return bool(self.view()[0])
+        return {**self.__dict__, "_reader": None, "pending": {}}  # a worker only writes
 
     def write(self, key: Key) -> None:
-        """In a worker process: ``key`` into this worker's ring, then its count, then the flag."""
-        v, slot = self.view(), os.getpid() % WORKER_SLOTS
-        count = v[1 + slot]
-        at = HEAD + (slot * RING + count % RING) * 3
-        v[at], v[at + 1], v[at + 2] = key
-        v[1 + slot] = count + 1
-        v[0] = 1
+        """In a worker process: ``key``, in one write (dropped if the pipe is full)."""
+        try:
+            os.write(self._writer.fileno(), RECORD.pack(*key))
+        except (BlockingIOError, BrokenPipeError):
+            pass
+
+    def keys(self) -> list[Key]:
+        """Every key a worker fetched and this process did not consume (reads the pipe)."""
+        self.read()
+        return list(self.pending)
+
+    def read(self) -> None:
+        """Move what the workers wrote into ``pending``."""
+        got, size, pending = 0, RECORD.size * 2048, self.pending
+        while self._reader is not None:
+            try:
+                data = os.read(self._reader.fileno(), size)
+            except BlockingIOError:
+                break
+            got += len(data)
+            for key in RECORD.iter_unpack(data):
+                pending[key] = None
+            if len(data) < size:
+                break
+        if got:
+            self.written = True
+            self.lost = self.lost or got >= self.half
+            while len(pending) > QUEUE_LIMIT:
+                del pending[next(iter(pending))]
 
     def take(self, key: Key) -> bool | None:
         """Consume ``key`` if a worker fetched it; ``None`` when no worker ever wrote."""
-        v = self.view()
-        if not v[0]:
-            return None
         if key not in self.pending:
-            self._read(v, self.active)  # the slots known to write, then any that began since
-        if key not in self.pending:
-            self._read(v, self._discover(v))
-        if key not in self.pending:
-            return False
-        del self.pending[key]
-        return True
-
-    def keys(self) -> list[Key]:
-        """Every key fetched by a worker and not consumed."""
-        v = self.view()
-        if v[0]:
-            self._read(v, self.active)
-            self._read(v, self._discover(v))
-        return list(self.pending)
-
-    def _discover(self, v: Any) -> list[int]:
-        counts = v[1:HEAD]
-        new = [s for s in range(WORKER_SLOTS) if counts[s] != self.seen[s] and s not in self.active]
-        self.active.extend(new)
-        return new
-
-    def _read(self, v: Any, slots: list[int]) -> None:
-        pending = self.pending
-        for s in slots:
-            count, seen = v[1 + s], self.seen[s]
-            for i in range(max(seen, count - RING), count):
-                at = HEAD + (s * RING + i % RING) * 3
-                pending[(v[at], v[at + 1], v[at + 2])] = None
-            self.seen[s] = count
-        while len(pending) > QUEUE_LIMIT:
-            del pending[next(iter(pending))]
+            self.read()
+        if key in self.pending:
+            del self.pending[key]
+            return True
+        return False if self.written else None
 
 
 def size_error(subject: str, n: int, expected: int) -> str:

@@ -183,7 +183,7 @@ class PrunedSampler(Sampler[int]):
         # that reads ahead across the epoch boundary); an abandoned one's read-ahead is gone.
         kept = deque(x for x in self._its if x.ran_out and not x.done)
         if len(kept) < len(self._its) or not kept:
-            self.fetches.clear()  # what was fetched for an abandoned iteration is never trained
+            self.fetches.clear(workers=not kept)  # an abandoned iteration's fetches are never trained
         self._its = kept
         self._cursor = (epoch, 0)
         read, self._read_after = self._read_after, None
