@@ -16,8 +16,6 @@ from torch import Tensor
 from torch.utils.data import Dataset, IterableDataset
 
 from leanbatch.checks import check_per_sample_loss, require
-from leanbatch.distributed.checkpoints import own_part
-from leanbatch.distributed.shards import ShardedScores, shard_of
 from leanbatch.epochs import read_state
 from leanbatch.ledger import Position
 from leanbatch.policies.base import Policy
@@ -108,7 +106,9 @@ class InfoBatch(Dataset):
         if ema is not None:
             options["ema"] = ema  # the policy's bind() refuses a table it cannot rank by
         self.scores: ScoreTable
-        if shard_scores:
+        if shard_scores:  # each rank holds its slice (leanbatch.distributed, loaded only then)
+            from leanbatch.distributed.shards import ShardedScores, shard_of
+
             num_replicas, rank = shard_of(n, num_replicas, rank, process_group)
             self.scores = ShardedScores(n, num_replicas, rank, device=device, **options)
         else:
@@ -240,8 +240,7 @@ class InfoBatch(Dataset):
         w = plan.weights_on(indices.device)
         if w is None:
             return torch.ones(indices.shape, dtype=torch.float32, device=indices.device)
-        if isinstance(self.scores, ShardedScores):
-            self.scores.check_owned(indices)
+        self.scores.check_owned(indices)
         return w[plan.local_rows(indices)]
 
     @property
@@ -315,11 +314,11 @@ class InfoBatch(Dataset):
             raise ValueError(
                 f"InfoBatch state_dict has version {checked['version']!r}; this leanbatch reads 2"
             )
-        where = None
-        if isinstance(self.scores, ShardedScores):  # an unsharded (gathered) state: this rank's part of it
-            checked = own_part(checked, self.scores, self.sampler.drop_last)
-            where = (self.scores.slice.world, self.scores.slice.rank)
-        read_state(checked["sampler"], len(self), where)  # checked before the table changes
+        if self.scores.owner is not None:  # an unsharded (gathered) state: this rank's part of it
+            from leanbatch.distributed.checkpoints import own_part
+
+            checked = own_part(checked, self.scores, self.sampler.drop_last)  # type: ignore[arg-type]
+        read_state(checked["sampler"], self.scores)  # checked before the table changes
         self.scores.load_state_dict(checked["scores"])
         self.sampler.load_state_dict(checked["sampler"])
 

@@ -437,8 +437,7 @@ class PrunedSampler(Sampler[int]):
         The state is checked before anything changes (:func:`~leanbatch.epochs.read_state`): a wrong
         key, shape or value is a ``ValueError`` that names it.
         """
-        shard = self._world_rank() if self.shard_scores else None
-        epoch, trained, plan, stats, seed = read_state(state, self.scores.num_samples, shard)
+        epoch, trained, plan, stats, seed = read_state(state, self.scores)
         self.seed = seed
         self.epoch_stats = stats
         self._its.clear()

@@ -27,7 +27,6 @@ import torch
 from torch import Tensor
 
 from leanbatch.checks import check_index_tensor
-from leanbatch.distributed.shards import ShardedScores
 from leanbatch.policies.plan import Plan
 from leanbatch.sampler import PrunedSampler
 from leanbatch.scores import ScoreTable
@@ -109,8 +108,7 @@ def _gather_checked(table: ScoreTable, plan: Plan, device: torch.device, rows: T
     must be this rank's (asynchronous on CUDA too).
     """
     w = plan.weights_on(device)
-    if isinstance(table, ShardedScores):
-        table.check_owned(rows)
+    table.check_owned(rows)
     if w is not None and w.is_cpu and rows.is_cpu:
         try:
             return w.index_select(0, plan.local_rows(rows))
