@@ -40,7 +40,7 @@ def test_a_consistently_short_loss_is_an_error_before_any_score_lands(workers):
 
 def _fetch_as(fetches, pid: int, batches: list[list[int]]) -> None:
     """In a forked process posing as DataLoader worker ``pid``: fetch ``batches`` through the dataset."""
-    import leanbatch.fetches as module
+    import leanbatch.ledger as module
 
     module.os.getpid = lambda: pid  # type: ignore[assignment]  # this child process only
     for batch in batches:
