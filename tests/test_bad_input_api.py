@@ -4,6 +4,7 @@ silently wrong result. (The command line's bad input is in ``test_bad_input.py``
 from __future__ import annotations
 
 import math
+import multiprocessing
 import warnings
 
 import pytest
@@ -37,19 +38,51 @@ def test_a_consistently_short_loss_is_an_error_before_any_score_lands(workers):
     assert ds.scores.num_scored() == 0 and ds.position.trained == 0  # nothing landed, nothing counted
 
 
-def test_two_workers_fetching_at_once_each_keep_their_own_batches(monkeypatch):
-    """Each worker process writes the keys of the batches it fetched into its own ring (by pid),
-    so two workers fetching at once cannot overwrite each other: both batches match, in any
-    order, and a batch nobody fetched does not. (White box: two worker pids simulated.)"""
-    import leanbatch.fetches as fetches
+def _fetch_as(fetches, pid: int, batches: list[list[int]]) -> None:
+    """In a forked process posing as DataLoader worker ``pid``: fetch ``batches`` through the dataset."""
+    import leanbatch.ledger as module
 
+    module.os.getpid = lambda: pid  # type: ignore[assignment]  # this child process only
+    for batch in batches:
+        fetches.fetched(batch)
+
+
+def test_worker_processes_keys_all_arrive_whatever_their_pids_and_however_far_they_read_ahead():
+    """Two worker processes whose pids are equal modulo 256, fetching at once, each 20 batches ahead of
+    any update (more than a ring of 16 held): every batch matches, and a batch nobody fetched does not.
+    (The rings gave both workers one slot, written by an unlocked read-modify-write, 16 keys deep.)"""
     ds = InfoBatch(data(), 2, seed=0)
-    mine = ds.sampler.fetches  # the copy in each worker shares the tracked table (shared memory)
-    for pid, batch in ((1001, [3, 1, 2]), (1002, [9, 7, 8]), (1001, [6, 4, 5])):
-        monkeypatch.setattr(fetches.os, "getpid", lambda pid=pid: pid)  # not the training process
-        mine.fetched(batch)
-    monkeypatch.undo()
-    assert [mine.match(k) for k in ((3, 6, 5), (3, 3, 2), (3, 9, 8), (3, 0, 2))] == [True, True, True, False]
+    mine = ds.sampler.fetches
+    fork = multiprocessing.get_context("fork")
+    batches = {
+        pid: [[pid + 3 * k, pid + 3 * k + 1, pid + 3 * k + 2] for k in range(20)] for pid in (1001, 1257)
+    }
+    workers = [fork.Process(target=_fetch_as, args=(mine, pid, b)) for pid, b in batches.items()]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    keys = [(3, b[0], b[-1]) for bs in batches.values() for b in bs]
+    assert [mine.match(k) for k in keys] == [True] * 40
+    assert mine.match((3, 0, 2)) is False
+
+
+def test_keys_dropped_by_a_full_pipe_weaken_the_check_to_the_sizes_until_a_fresh_iteration():
+    """A worker that fetches far more batches than the pipe holds before any update (an evaluation
+    through workers): the keys it could not write are dropped, never blocking it; a batch whose key
+    was dropped is not called a wrong batch (the sizes alone), and once the sampler begins a fresh
+    iteration the check is exact again."""
+    ds = InfoBatch(data(), 2, seed=0)
+    mine = ds.sampler.fetches
+    batches = [[k, k + 1, k + 2] for k in range(0, 3 * 5000, 3)]
+    worker = multiprocessing.get_context("fork").Process(target=_fetch_as, args=(mine, 1001, batches))
+    worker.start()
+    worker.join(timeout=60)
+    assert worker.exitcode == 0  # it never blocked on the full pipe
+    assert mine.match((3, 3 * 2000, 3 * 2000 + 2)) is True  # the keys that fit arrived
+    assert mine.match((3, 3 * 4999, 3 * 4999 + 2)) is None  # the last were dropped: the sizes decide
+    list(ds.sampler)  # a fresh iteration, nothing in flight before it
+    assert mine.match((3, 3 * 4999, 3 * 4999 + 2)) is False
 
 
 def test_a_subset_of_the_batch_without_positions_is_an_error_and_with_them_lands_right():

@@ -3,6 +3,8 @@
 import copy
 import io
 import pickle
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -162,8 +164,41 @@ def test_wrapper_pickles_and_deepcopies_and_delegates_attributes():
         assert clone.classes == ["a", "b"]
         assert len(clone) == N and clone[5][1] == 5
         assert torch.equal(clone.scores.values.nan_to_num(-1), ds.scores.values.nan_to_num(-1))
-    with pytest.raises(AttributeError):
-        _ = ds.no_such_attribute
+    with pytest.raises(
+        AttributeError,
+        match=r"'InfoBatch' object has no attribute 'updte', nor has the dataset it wraps \(TensorDataset\)",
+    ):
+        _ = ds.updte
+
+
+def test_a_type_checker_sees_a_misspelt_method_of_the_wrapper(tmp_path):
+    """The forwarding to the wrapped dataset is hidden from type checkers: ``ds.updte(...)`` is a
+    mypy error, not an ``Any``."""
+    user = tmp_path / "user.py"
+    user.write_text(
+        "import torch\nfrom leanbatch import InfoBatch\n\nds = InfoBatch([1, 2], 2)\nds.updte(torch.ones(2))\n"
+    )
+    ini = tmp_path / "mypy.ini"
+    ini.write_text(
+        "[mypy]\n[mypy-torch.*]\nfollow_imports = skip\n[mypy-torch.utils.data.*]\nfollow_imports = normal\n"
+    )
+    command = [sys.executable, "-m", "mypy", "--config-file", str(ini), "--no-incremental", str(user)]
+    r = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path)
+    assert '"InfoBatch" has no attribute "updte"' in r.stdout, r.stdout + r.stderr
+
+
+def test_half_precision_losses_are_reduced_in_float32() -> None:
+    """fp16 losses of 50,000 with weights 1 and 2: the weighted mean (about 75,000) is past fp16's
+    range, so it comes back in float32, finite, as ``loss.mean()`` (about 50,000) is."""
+    ds = InfoBatch(index_data(8), num_epochs=2, prune_ratio=0.5, delta=1.0, seed=0)
+    idx = torch.tensor(list(ds.sampler))
+    ds.update(idx.float(), idx)  # epoch 0 trained: scores 0 .. 7, mean 3.5
+    pair = torch.tensor([int(i) for i in ds.sampler if int(i) < 4][:1] + [7])
+    assert ds.weights(pair).tolist() == [2.0, 1.0]
+    half = torch.full((2,), 50_000.0, dtype=torch.float16)  # 49,984 in fp16
+    assert float(half.mean()) == float(half[0])
+    out = ds.update(half, pair)
+    assert out.dtype == torch.float32 and float(out) == 1.5 * float(half[0])
 
 
 class Stream(IterableDataset):

@@ -333,3 +333,26 @@ def check_per_sample_loss(loss: Any, name: str = "loss") -> Tensor:
     if not (loss.is_floating_point()):
         raise TypeError(f"{name} must be a floating-point tensor, got {loss.dtype}")
     return loss
+
+
+def check_map_dataset(dataset: Any) -> int:
+    """The length of a map-style dataset (``__len__`` and ``__getitem__``, at least one sample), or a
+    clear error.
+
+    Example:
+        >>> check_map_dataset([4, 5, 6])
+        3
+    """
+    if isinstance(dataset, torch.utils.data.IterableDataset) or not hasattr(dataset, "__getitem__"):
+        raise TypeError(
+            "dataset must be a map-style dataset with __len__ and __getitem__: InfoBatch prunes by "
+            "index, so an IterableDataset cannot be wrapped; on a stream, select within each batch "
+            "instead (leanbatch.SelectiveBackprop or leanbatch.OnlineBatchSelection)"
+        )
+    try:
+        n = len(dataset)
+    except TypeError as e:
+        raise TypeError("dataset must define __len__ (a map-style dataset)") from e
+    if n < 1:
+        raise ValueError("dataset is empty: InfoBatch needs at least one sample")
+    return n

@@ -1,8 +1,8 @@
 """An epoch's plan, made and saved: what the sampler does once per epoch, not per step.
 
 - :func:`plan_epoch` makes epoch ``e``'s plan from the score table, with a ``torch.Generator``
-  seeded from ``(seed, e)``: through the policy in one process, or through
-  :func:`~leanbatch.distributed.shards.plan_shard` for one rank's slice; and the epoch's
+  seeded from ``(seed, e)``: through the policy, by the score table (a sharded table plans its
+  rank's slice, :meth:`~leanbatch.ScoreTable.plan`); and the epoch's
   statistics (kept, pruned, threshold, padding). It runs no collective of its own: the sampler
   merges the ranks' scores where every rank is at the same point, so planning is a local,
   deterministic function of the merged table.
@@ -31,8 +31,6 @@ from typing import Any
 import torch
 
 from leanbatch.checks import check_bool, check_int, require
-from leanbatch.distributed.collectives import DistComm
-from leanbatch.distributed.shards import ShardedPlan, ShardedScores, check_shardable, plan_shard
 from leanbatch.permutation import mix_seed
 from leanbatch.policies.base import Policy
 from leanbatch.policies.parts import Comm
@@ -81,20 +79,13 @@ def plan_epoch(
 ) -> tuple[Plan, dict[str, Any]]:
     """Epoch ``epoch``'s plan and its statistics (see the module docstring).
 
-    A :class:`~leanbatch.distributed.ShardedScores` table plans this rank's slice (``comm``: the
-    collectives, default ``torch.distributed`` over ``group``).
+    The table makes the plan (:meth:`~leanbatch.ScoreTable.plan`): a sharded one, this rank's part
+    (``comm``: the collectives, default ``torch.distributed`` over ``group``).
     """
     generator = torch.Generator().manual_seed(mix_seed(seed, epoch, 0))
-    if isinstance(scores, ShardedScores):
-        plan: Plan = _plan_shard(policy, scores, epoch, generator, world, rank, comm, group, drop_last)
-        assert isinstance(plan, ShardedPlan)
-        length = local_length(plan.order_length, 0, world, round_size, drop_last)
-        padded = sum(max(0, length - c) for c in plan.counts)
-        dropped = sum(max(0, c - length) for c in plan.counts)
-    else:
-        plan = policy(scores.values, epoch, generator)
-        total = local_length(plan.num_kept, 0, world, round_size, drop_last) * world
-        padded, dropped = max(0, total - plan.num_kept), max(0, plan.num_kept - total)
+    plan: Plan = scores.plan(policy, epoch, generator, world=world, rank=rank, comm=comm, group=group,
+                             drop_last=drop_last)  # fmt: skip
+    padded, dropped = plan.padding(local_length(plan.order_length, 0, world, round_size, drop_last), world)
     if plan.num_kept < 1:
         raise RuntimeError(f"the policy planned an empty epoch {epoch}: a Policy must keep >= 1 sample")
     stats = {
@@ -109,31 +100,6 @@ def plan_epoch(
         "nonfinite_so_far": int(scores.nonfinite_count),
     }
     return plan, stats
-
-
-def _plan_shard(
-    policy: Policy,
-    table: ShardedScores,
-    epoch: int,
-    generator: torch.Generator,
-    world: int,
-    rank: int,
-    comm: Comm | None,
-    group: Any,
-    drop_last: bool,
-) -> ShardedPlan:
-    if (table.slice.world, table.slice.rank) != (world, rank):
-        raise ValueError(
-            f"the score table holds the rows of rank {table.slice.rank} of {table.slice.world} but this "
-            f"process is rank {rank} of {world}: build it (or InfoBatch(shard_scores=True)) with this "
-            "rank's world and rank"
-        )
-    if comm is None and world > 1 and not is_distributed(group):
-        raise RuntimeError(
-            f"shard_scores=True with {world} ranks plans through collectives: call "
-            "torch.distributed.init_process_group() before training"
-        )
-    return plan_shard(policy, table, epoch, generator, DistComm(group) if comm is None else comm, drop_last)
 
 
 def check_agreement(world: int, shard: bool, group: Any, stored: bool, unmerged: bool = False) -> None:
@@ -266,10 +232,16 @@ def check_layout(
             f"so num_replicas/rank do not apply: got num_replicas={num_replicas!r}, rank={rank!r}"
         )
     if shard_scores:
-        check_shardable(policy)
-        if not isinstance(scores, ShardedScores):
+        if not getattr(policy, "shardable", False):
+            raise ValueError(
+                f"shard_scores=True plans each rank's slice of the index space, which {type(policy).__name__} "
+                "cannot do (it is not shardable; LossRankPolicy needs every score in one place to rank them): "
+                "use InfoBatchPolicy, RandomPolicy, RS2Policy, EpsilonGreedyPolicy, UCBPolicy or SeTaPolicy, "
+                "or leave shard_scores off"
+            )
+        if scores.owner is None:
             raise ValueError("shard_scores=True plans one rank's slice: the scores must be a ShardedScores")
-    elif isinstance(scores, ShardedScores):
+    elif scores.owner is not None:
         raise ValueError(
             "this score table holds one rank's slice (ShardedScores): pass shard_scores=True to the sampler"
         )
@@ -289,7 +261,7 @@ def write_state(
 
     Example:
         >>> state = write_state(0, 8, (1, 0, False, 1), None, [])
-        >>> read_state(state, 8, None)[:2]
+        >>> read_state(state, ScoreTable(8))[:2]
         (1, 0)
     """
     epoch, position, finished, world = where
@@ -306,21 +278,17 @@ def write_state(
     }
 
 
-def read_state(
-    state: Any, num_samples: int, shard: tuple[int, int] | None
-) -> tuple[int, int, Plan | None, list[dict[str, Any]], int]:
-    """``(epoch, global position, plan, epoch statistics, seed)`` of a sampler's saved state, validated.
-
-    ``shard``: ``(world, rank)`` of a sampler with sharded scores, whose saved plan must be that
-    rank's part (``None``: an unsharded sampler, which loads unsharded plans only).
+def read_state(state: Any, scores: ScoreTable) -> tuple[int, int, Plan | None, list[dict[str, Any]], int]:
+    """``(epoch, global position, plan, epoch statistics, seed)`` of a sampler's saved state, validated
+    for ``scores``, which reads the saved plan (a sharded table: its own rank's part only).
 
     Example:
         >>> state = {"version": 2, "seed": 0, "num_samples": 8, "epoch": 1, "position": 0, "finished": False,
         ...          "world": 1, "plan": None, "epoch_stats": []}
-        >>> read_state(state, 8, None)[:2]
+        >>> read_state(state, ScoreTable(8))[:2]
         (1, 0)
         >>> try:
-        ...     read_state({**state, "epoch": -1}, 8, None)
+        ...     read_state({**state, "epoch": -1}, ScoreTable(8))
         ... except ValueError as e:
         ...     print(e)
         state_dict['epoch'] must be an int >= 0, got -1
@@ -329,6 +297,7 @@ def read_state(
     state = require(state, keys, "state_dict")
     if state["version"] != 2:
         raise ValueError(f"state_dict has version {state['version']!r}; this leanbatch reads version 2")
+    num_samples = scores.num_samples
     if state["num_samples"] != num_samples:
         raise ValueError(
             f"state_dict is for a dataset of {state['num_samples']} samples, this sampler serves "
@@ -343,7 +312,8 @@ def read_state(
     if state["finished"]:
         epoch, trained, plan = epoch + 1, 0, None
     else:
-        trained, plan = _count(state, "position"), _saved_plan(state["plan"], num_samples, shard)
+        trained, saved = _count(state, "position"), state["plan"]
+        plan = None if saved is None else scores.load_plan(Plan, saved, "state_dict['plan']")
     if plan is not None and plan.epoch != epoch:
         raise ValueError(f"state_dict['plan'] is epoch {plan.epoch}'s but the position is in epoch {epoch}")
     if trained and plan is None:
@@ -358,28 +328,6 @@ def read_state(
     if not isinstance(stats, list) or not all(isinstance(s, Mapping) and "epoch" in s for s in stats):
         raise ValueError("state_dict['epoch_stats'] must be a list of per-epoch dicts")
     return epoch, trained, plan, [dict(s) for s in stats], seed
-
-
-def _saved_plan(saved: Any, n: int, shard: tuple[int, int] | None) -> Plan | None:
-    """A saved plan, validated; a sharded plan loads only into the same rank of the same world."""
-    if saved is None:
-        return None
-    name = "state_dict['plan']"
-    if shard is None:
-        return Plan.from_state(saved, n, name)
-    if not (isinstance(saved, dict) and saved.get("shard") is not None):
-        raise ValueError(
-            "state_dict['plan'] is unsharded but this sampler shards its scores: cut this rank's state out "
-            "with leanbatch.distributed.shard_state (InfoBatch(shard_scores=True).load_state_dict does it)"
-        )
-    plan = ShardedPlan.from_state(saved, n, name)
-    if (plan.world, plan.rank) != shard:
-        raise ValueError(
-            f"state_dict['plan'] is the plan of rank {plan.rank} of {plan.world} (shard_scores=True), this "
-            f"sampler is rank {shard[1]} of {shard[0]}: gather the ranks' states with "
-            "leanbatch.distributed.gather_states (and re-shard them with shard_state)"
-        )
-    return plan
 
 
 def _count(state: Mapping[str, Any], key: str) -> int:

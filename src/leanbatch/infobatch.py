@@ -13,18 +13,16 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor
-from torch.utils.data import Dataset, IterableDataset
+from torch.utils.data import Dataset
 
-from leanbatch.checks import check_per_sample_loss, require
-from leanbatch.distributed.checkpoints import own_part
-from leanbatch.distributed.shards import ShardedScores, shard_of
+from leanbatch.checks import check_index_tensor, check_map_dataset, check_per_sample_loss, require
 from leanbatch.epochs import read_state
-from leanbatch.ledger import Position
 from leanbatch.policies.base import Policy
-from leanbatch.policies.infobatch import InfoBatchPolicy, RandomPolicy
+from leanbatch.policies.infobatch import make_policy
+from leanbatch.policies.plan import Plan
+from leanbatch.progress import Position
 from leanbatch.sampler import PrunedSampler
 from leanbatch.scores import ScoreTable
-from leanbatch.update import update_indexed, update_served
 
 if TYPE_CHECKING:
     from leanbatch.distributed.carrier import ScoreCarrier
@@ -99,8 +97,8 @@ class InfoBatch(Dataset):
         shard: bool = True,
         shard_scores: bool = False,
     ):
-        n = _dataset_length(dataset)
-        policy_obj = _make_policy(policy, prune_ratio, num_epochs, delta)
+        n = check_map_dataset(dataset)
+        policy_obj = make_policy(policy, prune_ratio, num_epochs, delta)
         self.dataset = dataset
         self.prune_ratio = prune_ratio
         self.delta = delta
@@ -108,7 +106,9 @@ class InfoBatch(Dataset):
         if ema is not None:
             options["ema"] = ema  # the policy's bind() refuses a table it cannot rank by
         self.scores: ScoreTable
-        if shard_scores:
+        if shard_scores:  # each rank holds its slice (leanbatch.distributed, loaded only then)
+            from leanbatch.distributed.shards import ShardedScores, shard_of
+
             num_replicas, rank = shard_of(n, num_replicas, rank, process_group)
             self.scores = ShardedScores(n, num_replicas, rank, device=device, **options)
         else:
@@ -151,13 +151,22 @@ class InfoBatch(Dataset):
         many = getattr(self.dataset, "__getitems__", None)
         return list(many(indices)) if callable(many) else [self.dataset[i] for i in indices]
 
-    def __getattr__(self, name: str) -> Any:
-        # Delegate unknown attributes to the wrapped dataset (e.g. .classes), but never
-        # while unpickling or for dunder lookups: that is what makes the official wrapper
-        # recurse forever under spawn and deepcopy.
-        if name.startswith("__") or "dataset" not in self.__dict__:
-            raise AttributeError(name)
-        return getattr(self.__dict__["dataset"], name)
+    if not TYPE_CHECKING:  # hidden from type checkers: a misspelt ``ds.updte(...)`` is their error
+
+        def __getattr__(self, name: str) -> Any:
+            # Delegate unknown attributes to the wrapped dataset (e.g. .classes), but never
+            # while unpickling or for dunder lookups: that is what makes the official wrapper
+            # recurse forever under spawn and deepcopy.
+            inner = self.__dict__.get("dataset")
+            if not name.startswith("__") and inner is not None:
+                try:
+                    return getattr(inner, name)
+                except AttributeError:
+                    pass
+            raise AttributeError(
+                f"'InfoBatch' object has no attribute {name!r}, nor has the dataset it wraps "
+                f"({type(inner).__name__})"
+            )
 
     # ------------------------------------------------------------------ training
     def set_epoch(self, epoch: int) -> None:
@@ -187,8 +196,8 @@ class InfoBatch(Dataset):
                 batch, or :meth:`next_indices` before training it).
 
         Returns:
-            ``mean(loss * weight)``: the InfoBatch-rescaled loss to backpropagate, in ``loss``'s
-            dtype. Inside ``torch.compile`` the call is a graph break (it runs eagerly).
+            ``mean(loss * weight)``: the InfoBatch-rescaled loss to backpropagate, reduced in
+            float32 (fp16 and bf16 losses come back as float32). Inside ``torch.compile`` the call is a graph break (it runs eagerly).
 
         Example:
             >>> import torch
@@ -207,13 +216,13 @@ class InfoBatch(Dataset):
         if type(loss) is not Tensor or loss.dim() != 1 or not loss.is_floating_point():
             loss = check_per_sample_loss(loss)  # the full check, with the message that names the fix
         if indices is not None:
-            return update_indexed(self.sampler, loss, indices, positions)
+            return _update_indexed(self.sampler, loss, indices, positions)
         if positions is not None:
             raise TypeError(
                 "positions= needs the batch's indices: update(loss, indices, positions=...); without "
                 "indices in the batch, take them with ds.next_indices(len(batch)) before training it"
             )
-        return update_served(self.sampler, loss)
+        return _update_served(self.sampler, loss)
 
     def next_indices(self, n: int) -> Tensor:
         """The dataset indices (int64, CPU) of the next ``n`` samples to train, in serving order.
@@ -231,8 +240,7 @@ class InfoBatch(Dataset):
         w = plan.weights_on(indices.device)
         if w is None:
             return torch.ones(indices.shape, dtype=torch.float32, device=indices.device)
-        if isinstance(self.scores, ShardedScores):
-            self.scores.check_owned(indices)
+        self.scores.check_owned(indices)
         return w[plan.local_rows(indices)]
 
     @property
@@ -306,54 +314,13 @@ class InfoBatch(Dataset):
             raise ValueError(
                 f"InfoBatch state_dict has version {checked['version']!r}; this leanbatch reads 2"
             )
-        where = None
-        if isinstance(self.scores, ShardedScores):  # an unsharded (gathered) state: this rank's part of it
-            checked = own_part(checked, self.scores, self.sampler.drop_last)
-            where = (self.scores.slice.world, self.scores.slice.rank)
-        read_state(checked["sampler"], len(self), where)  # checked before the table changes
+        if self.scores.owner is not None:  # an unsharded (gathered) state: this rank's part of it
+            from leanbatch.distributed.checkpoints import own_part
+
+            checked = own_part(checked, self.scores, self.sampler.drop_last)  # type: ignore[arg-type]
+        read_state(checked["sampler"], self.scores)  # checked before the table changes
         self.scores.load_state_dict(checked["scores"])
         self.sampler.load_state_dict(checked["sampler"])
-
-
-def _dataset_length(dataset: Any) -> int:
-    """The length of a map-style dataset, or a clear error."""
-    if isinstance(dataset, IterableDataset) or not hasattr(dataset, "__getitem__"):
-        raise TypeError(
-            "dataset must be a map-style dataset with __len__ and __getitem__: InfoBatch prunes by "
-            "index, so an IterableDataset cannot be wrapped; on a stream, select within each batch "
-            "instead (leanbatch.SelectiveBackprop or leanbatch.OnlineBatchSelection)"
-        )
-    try:
-        n = len(dataset)
-    except TypeError as e:
-        raise TypeError("dataset must define __len__ (a map-style dataset)") from e
-    if n < 1:
-        raise ValueError("dataset is empty: InfoBatch needs at least one sample")
-    return n
-
-
-def _make_policy(policy: str | Policy, prune_ratio: float, num_epochs: int, delta: float) -> Policy:
-    """The policy object for ``policy=``; a policy object must agree on ``num_epochs`` (one owner)."""
-    kinds: dict[str, type[InfoBatchPolicy] | type[RandomPolicy]] = {
-        "infobatch": InfoBatchPolicy,
-        "random": RandomPolicy,
-    }
-    if isinstance(policy, str):
-        if policy not in kinds:
-            raise ValueError(f"policy must be one of {sorted(kinds)} or a Policy object, got {policy!r}")
-        return kinds[policy](prune_ratio, num_epochs, delta)
-    InfoBatchPolicy(prune_ratio, num_epochs, delta)  # validates the arguments all the same
-    if not callable(policy):
-        raise TypeError(
-            f"policy must be 'infobatch', 'random' or a Policy object, got {type(policy).__name__}"
-        )
-    theirs = getattr(policy, "num_epochs", num_epochs)
-    if theirs != num_epochs:
-        raise ValueError(
-            f"InfoBatch(num_epochs={num_epochs}) but the policy has num_epochs={theirs}: the policy would "
-            "anneal at another epoch than the one progress counts to; build both with the same num_epochs"
-        )
-    return policy
 
 
 @torch.compiler.disable
@@ -361,3 +328,121 @@ def _eager_update(ds: InfoBatch, loss: Tensor, indices: Tensor | None, positions
     """:meth:`InfoBatch.update`, run eagerly from inside ``torch.compile``: the ledger and the score
     table are host-side state that a graph must not capture."""
     return ds.update(loss, indices, positions=positions)
+
+
+def _update_served(sampler: PrunedSampler, loss: Tensor) -> Tensor:
+    """``update(loss)``: ``loss`` belongs to the next ``len(loss)`` samples ``sampler`` served."""
+    k = loss.shape[0]
+    plan, idx, scored = sampler.take(k, gathered=True)  # checked against the batch the loader fetched
+    assert idx is not None
+    sampler.store(idx if scored >= k else _unscored(idx, None, scored, k, sampler.scores.num_samples), loss)
+    w = plan.weights_on(loss.device)
+    if w is None:
+        return _weighted_mean(loss, None)
+    rows = idx if w.is_cpu else idx.to(w.device, non_blocking=True)
+    return _weighted_mean(loss, w.index_select(0, plan.local_rows(rows)))
+
+
+def _update_indexed(sampler: PrunedSampler, loss: Tensor, indices: Any, positions: Tensor | None) -> Tensor:
+    """``update(loss, indices[, positions=])``: the batch names its dataset indices; ``positions``
+    are the batch's rows that ``loss`` belongs to (a selected subset)."""
+    k = loss.shape[0]
+    if type(indices) is not Tensor or indices.dtype is not torch.int64 or indices.dim() != 1:
+        indices = check_index_tensor(indices, "indices")  # converts, or raises naming the argument
+    n = indices.shape[0]
+    if positions is None and n != k:
+        raise ValueError(
+            f"loss has {k} entries but indices has {n}: pass one loss per index, or positions= "
+            "(the rows of the batch the losses belong to) for a selected subset"
+        )
+    if positions is not None:
+        positions = _check_positions(positions, k, n)
+    # Distributed: the ranks gather n rows each, so n must be the batch's size on every rank
+    # (gloo aborts the process on unequal sizes); checked against the batch the loader fetched.
+    distributed = sampler.distributed
+    plan, _, scored = sampler.prepare(n, batch=distributed)  # checked before anything changes
+    if indices.is_cpu:
+        # Our own copy: a caller's CPU tensor can alias memory that changes without torch
+        # knowing (torch.from_numpy of a reused array), which no version check would see.
+        indices = indices.clone() if indices.dtype is torch.int64 else indices.long()
+    rows = indices if positions is None else _on(indices, positions).index_select(0, positions)
+    w = _gather_checked(sampler.scores, plan, loss.device, rows)  # before anything changes
+    spare = sampler.scores.num_samples
+    idx = rows if scored >= n else _unscored(rows, positions, scored, n, spare)
+    if positions is not None and distributed:  # every rank gathers n rows, however many it kept
+        rows_on = idx.to(positions.device, non_blocking=True)
+        idx = torch.full((n,), spare, dtype=torch.int64, device=positions.device).index_copy_(
+            0, positions, rows_on
+        )
+        scores = loss.detach().float().new_zeros(n).index_copy_(0, positions, loss.detach().float())
+        sampler.store(idx, scores)
+    else:
+        sampler.store(idx, loss)
+    sampler.commit(n, gathered=True)
+    return _weighted_mean(loss, w)
+
+
+def _weighted_mean(loss: Tensor, w: Tensor | None) -> Tensor:
+    """``mean(loss * w)`` (``w=None``: all 1), reduced in float32 at least: fp16 and bf16 losses come
+    back as float32, so a weighted batch overflows no earlier than ``loss.mean()`` does.
+
+    Example:
+        >>> half = torch.tensor([48_000.0, 48_000.0], dtype=torch.float16)
+        >>> out = _weighted_mean(half, torch.tensor([1.0, 2.0]))
+        >>> float(out), out.dtype, float((half * torch.tensor([1.0, 2.0]).half()).mean())
+        (72000.0, torch.float32, inf)
+    """
+    wide = loss if loss.dtype.itemsize >= 4 else loss.float()
+    return wide.mean() if w is None else (wide * w).mean()
+
+
+def _gather_checked(table: ScoreTable, plan: Plan, device: torch.device, rows: Tensor) -> Tensor | None:
+    """The weights of ``rows`` (``None``: all 1), with the rows checked to be dataset indices.
+
+    On CPU gathering the weights checks the range for free (the message then comes from
+    ``check_indices``); elsewhere, an explicit check (asynchronous on CUDA). Sharded: the rows
+    must be this rank's (asynchronous on CUDA too).
+    """
+    w = plan.weights_on(device)
+    table.check_owned(rows)
+    if w is not None and w.is_cpu and rows.is_cpu:
+        try:
+            return w.index_select(0, plan.local_rows(rows))
+        except (IndexError, RuntimeError):
+            table.check_indices(rows)
+            raise
+    table.check_indices(rows)
+    return None if w is None else w.index_select(0, plan.local_rows(_on(rows, w)))
+
+
+def _check_positions(positions: Any, k: int, n: int) -> Tensor:
+    """``positions``: one row of the batch per loss (checked on CPU; on a device at the gather)."""
+    positions = check_index_tensor(positions, "positions")
+    if positions.shape[0] != k:
+        raise ValueError(
+            f"loss has {k} entries but positions has {positions.shape[0]}: one position per loss"
+        )
+    if positions.device.type == "cpu" and k and not 0 <= int(positions.min()) <= int(positions.max()) < n:
+        raise IndexError(f"positions must be rows of the batch, in [0, {n})")
+    return positions
+
+
+def _unscored(rows: Tensor, positions: Tensor | None, scored: int, n: int, spare: int) -> Tensor:
+    """``rows`` with those past the first ``scored`` rows of the batch sent to the spare slot (padding).
+
+    Example:
+        >>> _unscored(torch.tensor([4, 5, 6]), None, scored=2, n=3, spare=9).tolist()
+        [4, 5, 9]
+    """
+    if scored >= n:
+        return rows
+    if positions is None:
+        rows = rows.clone()
+        rows[scored:] = spare
+        return rows
+    return torch.where(positions < scored, rows, spare)
+
+
+def _on(idx: Tensor, like: Tensor) -> Tensor:
+    """``idx`` on ``like``'s device (asynchronously)."""
+    return idx if idx.device == like.device else idx.to(like.device, non_blocking=True)

@@ -15,9 +15,11 @@ Example:
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from leanbatch.checks import check_int
 
-__all__ = ["training_progress"]
+__all__ = ["Position", "training_progress"]
 
 
 def training_progress(
@@ -55,3 +57,24 @@ def training_progress(
     if batches_per_epoch:
         frac = check_int(batch_idx, "batch_idx", 0) / check_int(batches_per_epoch, "batches_per_epoch", 1)
     return min(1.0, (epoch + frac) / num_epochs)
+
+
+class Position(NamedTuple):
+    """Where training stands: ``trained`` of the ``length`` samples of epoch ``epoch`` (global order).
+
+    ``length`` is 0 while the epoch is not planned yet. A fully trained epoch ``e`` reads
+    ``Position(e + 1, 0, ...)``.
+
+    Example:
+        >>> Position(2, 30, 120).fraction
+        0.25
+    """
+
+    epoch: int
+    trained: int
+    length: int
+
+    @property
+    def fraction(self) -> float:
+        """The share of the epoch trained (0 while it is not planned)."""
+        return self.trained / self.length if self.length else 0.0

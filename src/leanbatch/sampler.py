@@ -30,12 +30,11 @@ from leanbatch.epochs import (
     warn_stale_len,
     write_state,
 )
-from leanbatch.fetches import Fetches
-from leanbatch.ledger import Iteration, Position, Step, front
+from leanbatch.ledger import Fetches, Iteration, Step, front
 from leanbatch.policies.base import Policy
 from leanbatch.policies.parts import Comm
 from leanbatch.policies.plan import Plan
-from leanbatch.progress import training_progress
+from leanbatch.progress import Position, training_progress
 from leanbatch.ranks import is_distributed, world_and_rank
 from leanbatch.scores import ScoreTable
 
@@ -183,7 +182,7 @@ class PrunedSampler(Sampler[int]):
         # that reads ahead across the epoch boundary); an abandoned one's read-ahead is gone.
         kept = deque(x for x in self._its if x.ran_out and not x.done)
         if len(kept) < len(self._its) or not kept:
-            self.fetches.clear()  # what was fetched for an abandoned iteration is never trained
+            self.fetches.clear(workers=not kept)  # an abandoned iteration's fetches are never trained
         self._its = kept
         self._cursor = (epoch, 0)
         read, self._read_after = self._read_after, None
@@ -279,7 +278,10 @@ class PrunedSampler(Sampler[int]):
 
     def _serving(self, n: int, what: str) -> Iteration | None:
         """The iteration whose next ``n`` served samples the next update trains (nothing marked)."""
-        it = front(self._its, n)
+        its = self._its  # the common step: one iteration, with the batch in flight
+        if len(its) == 1 and n <= its[0].served - its[0].trained:
+            return its[0]
+        it = front(its, n)
         if it is None:
             if self._next()[0] >= self.num_epochs:
                 raise RuntimeError(
@@ -311,8 +313,7 @@ class PrunedSampler(Sampler[int]):
             >>> step.indices.tolist() == order[:4], s.position.trained
             (True, 0)
         """
-        its = self._its  # the common step: one iteration, with the batch in flight
-        it = its[0] if len(its) == 1 and n <= its[0].served - its[0].trained else self._serving(n, what)
+        it = self._serving(n, what)
         if it is None:
             self._distributed = is_distributed(self.process_group)
             fetched = self.fetches.any
@@ -331,9 +332,8 @@ class PrunedSampler(Sampler[int]):
     def take(self, n: int, gathered: bool = False) -> Step:
         """:meth:`prepare` the next fetched batch of ``n`` served samples (its indices included) and
         :meth:`commit` it at once, for a step that stores its scores after (see :meth:`store`)."""
-        its = self._its
-        it = its[0] if len(its) == 1 else front(its, n)
-        if it is None or n > it.served - it.trained:  # the errors that say why
+        it = self._serving(n, "update(loss) without indices")
+        if it is None:  # the error that says why
             self.prepare(n, indices=True, batch=True, what="update(loss) without indices")
         assert it is not None
         self.fetches.check_batch(it, n)  # checked against the batch fetched, before anything changes
@@ -361,8 +361,7 @@ class PrunedSampler(Sampler[int]):
         """Mark the next ``n`` served samples trained (after their scores were stored). ``gathered``:
         their scores reached every rank (:meth:`store`); otherwise, when the epoch ends here, the
         ranks' scores are merged (every rank trains its last sample at the same step)."""
-        its = self._its
-        it = its[0] if len(its) == 1 and n <= its[0].served - its[0].trained else self._serving(n, "commit")
+        it = self._serving(n, "commit")
         if it is not None:
             it.take(n)
             self._marked(it, n, gathered)
@@ -437,8 +436,7 @@ class PrunedSampler(Sampler[int]):
         The state is checked before anything changes (:func:`~leanbatch.epochs.read_state`): a wrong
         key, shape or value is a ``ValueError`` that names it.
         """
-        shard = self._world_rank() if self.shard_scores else None
-        epoch, trained, plan, stats, seed = read_state(state, self.scores.num_samples, shard)
+        epoch, trained, plan, stats, seed = read_state(state, self.scores)
         self.seed = seed
         self.epoch_stats = stats
         self._its.clear()

@@ -305,6 +305,26 @@ class ScoreTable:
         """The rows of dataset ``indices`` (here: the indices; checked by :meth:`get`)."""
         return indices
 
+    # A table of one rank's slice (distributed/shards.py) answers these otherwise.
+    owner: tuple[int, int] | None = None  # (world, rank) of a table holding one rank's slice
+
+    def check_owned(self, indices: Tensor) -> None:
+        """Raise unless this table holds every index (here it holds all of them)."""
+
+    def plan(self, policy: Any, epoch: int, generator: torch.Generator, **layout: Any) -> Any:
+        """Epoch ``epoch``'s plan by ``policy`` (``layout``: what a sharded table plans its part with).
+
+        Example:
+            >>> from leanbatch import RandomPolicy
+            >>> ScoreTable(4).plan(RandomPolicy(0.5, 2), 0, torch.Generator()).num_samples
+            4
+        """
+        return policy(self.values, epoch, generator)
+
+    def load_plan(self, kind: Any, saved: Any, name: str) -> Any:
+        """A saved plan of this table's epoch, validated by ``kind.from_state`` (``kind``: ``Plan``)."""
+        return kind.from_state(saved, self.num_samples, name)
+
     def get(self, indices: Tensor) -> Tensor:
         """Scores of ``indices`` (NaN where never scored)."""
         idx = self._index(indices)

@@ -18,11 +18,24 @@ Example:
     >>> from leanbatch.distributed import ScoreCarrier, gather_states, merge_scores, shard_state
 """
 
-from leanbatch.distributed.carrier import ScoreCarrier, carry_if_ddp
-from leanbatch.distributed.checkpoints import gather_states, shard_state
-from leanbatch.distributed.exchange import ScoreExchange, merge_scores
-from leanbatch.distributed.shards import ShardedScores
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
 
+if TYPE_CHECKING:
+    from leanbatch.distributed.carrier import ScoreCarrier, carry_if_ddp
+    from leanbatch.distributed.checkpoints import gather_states, shard_state
+    from leanbatch.distributed.exchange import ScoreExchange, merge_scores
+    from leanbatch.distributed.shards import ShardedScores
+
+_HOME = {
+    "ScoreCarrier": "carrier",
+    "ScoreExchange": "exchange",
+    "ShardedScores": "shards",
+    "carry_if_ddp": "carrier",
+    "gather_states": "checkpoints",
+    "merge_scores": "exchange",
+    "shard_state": "checkpoints",
+}
 __all__ = [
     "ScoreCarrier",
     "ScoreExchange",
@@ -32,3 +45,12 @@ __all__ = [
     "merge_scores",
     "shard_state",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Each name imported from its home on first use, so ``import leanbatch`` loads no more of
+    distribution than a run uses."""
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module 'leanbatch.distributed' has no attribute {name!r}")
+    return getattr(import_module(f"leanbatch.distributed.{home}"), name)

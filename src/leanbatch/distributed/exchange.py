@@ -24,14 +24,16 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from torch import Tensor
 
-from leanbatch.distributed.carrier import ScoreCarrier
 from leanbatch.distributed.collectives import gather_step, mean_of_writers
 from leanbatch.ranks import is_distributed, same_group, world_size
 from leanbatch.scores import ScoreTable
+
+if TYPE_CHECKING:
+    from leanbatch.distributed.carrier import ScoreCarrier
 
 __all__ = ["ScoreExchange", "merge_scores"]
 
@@ -118,6 +120,8 @@ class ScoreExchange:
                 "model all-reduces over another process group than the scores' process_group: build both "
                 "on the same group"
             )
+        from leanbatch.distributed.carrier import ScoreCarrier  # opt-in: loaded by the first carry()
+
         carrier = ScoreCarrier(model)
         self.table.flush()  # rows queued so far went by the all-gather
         self._carrier = carrier

@@ -30,14 +30,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from leanbatch.distributed.collectives import DistComm
 from leanbatch.permutation import KeyedPermutation, mix_seed
 from leanbatch.policies.base import Policy
 from leanbatch.policies.parts import Comm, Slice, slice_size
 from leanbatch.policies.plan import Plan, plan_fields
-from leanbatch.ranks import initialized, process_rank, world_size
+from leanbatch.ranks import initialized, is_distributed, process_rank, world_size
 from leanbatch.scores import ScoreTable
 
-__all__ = ["ShardedPlan", "ShardedScores", "check_shardable", "plan_shard", "shard_of"]
+__all__ = ["ShardedPlan", "ShardedScores", "plan_shard", "shard_of"]
 
 
 def shard_of(num_samples: int, num_replicas: int | None, rank: int | None, group: Any) -> tuple[int, int]:
@@ -104,6 +105,46 @@ class ShardedScores(ScoreTable):
     def local_rows(self, indices: Tensor) -> Tensor:
         """Local rows of global ``indices`` this rank owns (``i // world``; ownership not checked)."""
         return self.slice.local_rows(indices)
+
+    @property
+    def owner(self) -> tuple[int, int] | None:  # type: ignore[override]
+        """``(world, rank)`` of the slice this table holds."""
+        return self.slice.world, self.slice.rank
+
+    def plan(self, policy: Any, epoch: int, generator: torch.Generator, **layout: Any) -> ShardedPlan:
+        """This rank's part of epoch ``epoch``'s plan (:func:`plan_shard`): ``layout`` holds ``world``,
+        ``rank`` (checked against the table's), ``comm`` (default: ``torch.distributed`` over
+        ``group``) and ``drop_last``."""
+        world, rank, comm, group = layout["world"], layout["rank"], layout.get("comm"), layout.get("group")
+        if (self.slice.world, self.slice.rank) != (world, rank):
+            raise ValueError(
+                f"the score table holds the rows of rank {self.slice.rank} of {self.slice.world} but this "
+                f"process is rank {rank} of {world}: build it (or InfoBatch(shard_scores=True)) with this "
+                "rank's world and rank"
+            )
+        if comm is None and world > 1 and not is_distributed(group):
+            raise RuntimeError(
+                f"shard_scores=True with {world} ranks plans through collectives: call "
+                "torch.distributed.init_process_group() before training"
+            )
+        comm = DistComm(group) if comm is None else comm
+        return plan_shard(policy, self, epoch, generator, comm, bool(layout.get("drop_last", False)))
+
+    def load_plan(self, kind: Any, saved: Any, name: str) -> ShardedPlan:
+        """A saved plan of this rank's part, validated; it loads only into the same rank of the same world."""
+        if not (isinstance(saved, dict) and saved.get("shard") is not None):
+            raise ValueError(
+                f"{name} is unsharded but this sampler shards its scores: cut this rank's state out "
+                "with leanbatch.distributed.shard_state (InfoBatch(shard_scores=True).load_state_dict does it)"
+            )
+        plan = ShardedPlan.from_state(saved, self.num_samples, name)
+        if (plan.world, plan.rank) != (self.slice.world, self.slice.rank):
+            raise ValueError(
+                f"{name} is the plan of rank {plan.rank} of {plan.world} (shard_scores=True), this "
+                f"sampler is rank {self.slice.rank} of {self.slice.world}: gather the ranks' states with "
+                "leanbatch.distributed.gather_states (and re-shard them with shard_state)"
+            )
+        return plan
 
     def check_owned(self, indices: Tensor) -> None:
         """Raise unless every index is one this rank owns (asynchronous on CUDA: a device-side assert)."""
@@ -200,6 +241,10 @@ class ShardedPlan(Plan):
         """Positions ``origin + rank + k * world`` that hold a kept sample of ``rank``, not padding."""
         return max(0, self.counts[rank] - origin // world)
 
+    def padding(self, length: int, world: int) -> tuple[int, int]:
+        """``(padded, dropped)`` over the ranks, each serving ``length`` of its own kept count."""
+        return sum(max(0, length - c) for c in self.counts), sum(max(0, c - length) for c in self.counts)
+
     def local_rows(self, indices: Tensor) -> Tensor:
         """Local rows (``i // world``) of indices this rank owns."""
         return indices if self.world == 1 else torch.div(indices, self.world, rounding_mode="floor")
@@ -243,22 +288,6 @@ class ShardedPlan(Plan):
         if plan.num_kept > num_samples:
             raise ValueError(f"{name} keeps {plan.num_kept} samples of {num_samples}")
         return plan
-
-
-def check_shardable(policy: Any) -> None:
-    """Refuse ``shard_scores=True`` with a policy that cannot plan one rank's slice.
-
-    Example:
-        >>> from leanbatch import RS2Policy
-        >>> check_shardable(RS2Policy(0.3, 2))
-    """
-    if not getattr(policy, "shardable", False):
-        raise ValueError(
-            f"shard_scores=True plans each rank's slice of the index space, which {type(policy).__name__} "
-            "cannot do (it is not shardable; LossRankPolicy needs every score in one place to rank them): "
-            "use InfoBatchPolicy, RandomPolicy, RS2Policy, EpsilonGreedyPolicy, UCBPolicy or SeTaPolicy, "
-            "or leave shard_scores off"
-        )
 
 
 def plan_shard(

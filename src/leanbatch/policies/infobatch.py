@@ -27,6 +27,7 @@ from torch import Tensor
 
 from leanbatch.checks import check_ratio
 from leanbatch.policies.base import (
+    Policy,
     check_common,
     keyed_drop,
     plan_from_drop,
@@ -38,7 +39,7 @@ from leanbatch.policies.keyed import draw_key
 from leanbatch.policies.parts import Slice, global_count, global_mean
 from leanbatch.policies.plan import Plan, full_plan
 
-__all__ = ["InfoBatchPolicy", "RandomPolicy"]
+__all__ = ["InfoBatchPolicy", "RandomPolicy", "make_policy"]
 
 _TARGETS = ("below", "all")
 
@@ -195,3 +196,32 @@ class RandomPolicy(_Rescaled):
         >>> round(plan.weights[0].item(), 4)   # all 4 droppable: never empty, (1 - 0.25**4) / (1 - 0.25)
         1.3281
     """
+
+
+def make_policy(policy: str | Policy, prune_ratio: float, num_epochs: int, delta: float) -> Policy:
+    """The policy object for ``InfoBatch(policy=...)``; a policy object must agree on ``num_epochs``.
+
+    Example:
+        >>> type(make_policy("random", 0.5, 3, 0.875)).__name__
+        'RandomPolicy'
+    """
+    kinds: dict[str, type[InfoBatchPolicy] | type[RandomPolicy]] = {
+        "infobatch": InfoBatchPolicy,
+        "random": RandomPolicy,
+    }
+    if isinstance(policy, str):
+        if policy not in kinds:
+            raise ValueError(f"policy must be one of {sorted(kinds)} or a Policy object, got {policy!r}")
+        return kinds[policy](prune_ratio, num_epochs, delta)
+    InfoBatchPolicy(prune_ratio, num_epochs, delta)  # validates the arguments all the same
+    if not callable(policy):
+        raise TypeError(
+            f"policy must be 'infobatch', 'random' or a Policy object, got {type(policy).__name__}"
+        )
+    theirs = getattr(policy, "num_epochs", num_epochs)
+    if theirs != num_epochs:
+        raise ValueError(
+            f"InfoBatch(num_epochs={num_epochs}) but the policy has num_epochs={theirs}: the policy would "
+            "anneal at another epoch than the one progress counts to; build both with the same num_epochs"
+        )
+    return policy

@@ -85,6 +85,12 @@ class Plan:
         """Rows of :attr:`weights` for dataset ``indices`` (the indices themselves)."""
         return indices
 
+    def padding(self, length: int, world: int) -> tuple[int, int]:
+        """``(padded, dropped)``: the samples repeated, and those left out, when each of ``world`` ranks
+        serves ``length`` of the epoch's order."""
+        total = length * world
+        return max(0, total - self.num_kept), max(0, self.num_kept - total)
+
     def serve(self, seed: int, positions: Tensor) -> Tensor:
         """The dataset indices (int64) at ``positions`` of the epoch's order (padding wraps around).
 
