@@ -43,30 +43,41 @@ def loss_of(x: torch.Tensor, epoch: int) -> torch.Tensor:
     return (torch.round(torch.sin(x * (epoch + 1)).abs() * 16) / 16 + 0.01).requires_grad_()
 
 
+NAMES = ("infobatch", "infobatch-all", "random", "rs2", "egreedy", "ucb", "seta")
+
+
 def _worker(
-    rank: int, world: int, init_file: str, out: str, name: str, sharded: bool, drop_last: bool
+    rank: int, world: int, init_file: str, out: str, names: tuple[str, ...], sharded: bool, drop_last: bool
 ) -> None:
+    """Each policy of ``names`` in turn, in one process group (one spawn for all: the processes'
+    start-up, not the training, is most of a spawn's time)."""
     init(rank, world, init_file)
     try:
-        data = TensorDataset(torch.arange(N, dtype=torch.float32))
-        ds = InfoBatch(data, EPOCHS, policy=policy(name), seed=7, shard_scores=sharded, drop_last=drop_last)
-        loader = DataLoader(ds, batch_size=BS, sampler=ds.sampler)
-        served, plans, lengths = [], [], []
-        for epoch in range(EPOCHS):
-            ds.set_epoch(epoch)
-            lengths.append(len(ds.sampler))
-            plan = ds.sampler.plan()  # the epoch's plan: made once, never re-made
-            mine: list[int] = []
-            for (x,) in loader:
-                mine.extend(x.long().tolist())
-                ds.update(loss_of(x, epoch))
-            plans.append((plan.kept, plan.weights))
-            served.append(mine)
-        state = {"served": served, "plans": plans, "stats": ds.epoch_stats, "lengths": lengths}
-        state["scores"] = ds.scores.values.clone()
-        torch.save(state, os.path.join(out, f"rank{rank}.pt"))
+        torch.save(
+            {name: _run(name, sharded, drop_last) for name in names}, os.path.join(out, f"rank{rank}.pt")
+        )
     finally:
         done()
+
+
+def _run(name: str, sharded: bool, drop_last: bool) -> dict[str, Any]:
+    data = TensorDataset(torch.arange(N, dtype=torch.float32))
+    ds = InfoBatch(data, EPOCHS, policy=policy(name), seed=7, shard_scores=sharded, drop_last=drop_last)
+    loader = DataLoader(ds, batch_size=BS, sampler=ds.sampler)
+    served, plans, lengths = [], [], []
+    for epoch in range(EPOCHS):
+        ds.set_epoch(epoch)
+        lengths.append(len(ds.sampler))
+        plan = ds.sampler.plan()  # the epoch's plan: made once, never re-made
+        mine: list[int] = []
+        for (x,) in loader:
+            mine.extend(x.long().tolist())
+            ds.update(loss_of(x, epoch))
+        plans.append((plan.kept, plan.weights))
+        served.append(mine)
+    state = {"served": served, "plans": plans, "stats": ds.epoch_stats, "lengths": lengths}
+    state["scores"] = ds.scores.values.clone()
+    return state
 
 
 def whole(results: list[dict], epoch: int) -> tuple[set[int] | None, torch.Tensor | None]:
@@ -83,17 +94,22 @@ def whole(results: list[dict], epoch: int) -> tuple[set[int] | None, torch.Tenso
 
 
 @pytest.fixture(scope="module")
-def reference() -> dict[str, dict]:
-    return {}
+def runs() -> dict[tuple[int, bool], list[dict]]:
+    """Every policy's run, unsharded on 1 process and sharded on 2 and 3 (one spawn each), and
+    ``random`` sharded on 3 with ``drop_last``: each rank's states by policy."""
+    return {
+        (1, False): spawn(_worker, 1, NAMES, False, False),
+        (2, False): spawn(_worker, 2, NAMES, True, False),
+        (3, False): spawn(_worker, 3, NAMES, True, False),
+        (3, True): spawn(_worker, 3, ("random",), True, True),
+    }
 
 
 @pytest.mark.parametrize("world", [2, 3])
-@pytest.mark.parametrize("name", ["infobatch", "infobatch-all", "random", "rs2", "egreedy", "ucb", "seta"])
-def test_sharded_plans_and_weights_equal_the_unsharded_ones(name, world, reference):
-    if name not in reference:
-        reference[name] = spawn(_worker, 1, name, False, False)[0]
-    ref = reference[name]
-    results = spawn(_worker, world, name, True, False)
+@pytest.mark.parametrize("name", NAMES)
+def test_sharded_plans_and_weights_equal_the_unsharded_ones(name, world, runs):
+    ref = runs[1, False][0][name]
+    results = [r[name] for r in runs[world, False]]
     assert any(s["pruning"] or s["kept"] < N for s in ref["stats"])  # the policy pruned something
     for epoch in range(EPOCHS):
         kept, w = whole(results, epoch)
@@ -108,9 +124,9 @@ def test_sharded_plans_and_weights_equal_the_unsharded_ones(name, world, referen
 
 
 @pytest.mark.parametrize("drop_last", [False, True])
-def test_every_kept_sample_is_trained_once_on_its_owner_with_equal_shard_lengths(drop_last):
+def test_every_kept_sample_is_trained_once_on_its_owner_with_equal_shard_lengths(drop_last, runs):
     world = 3
-    results = spawn(_worker, world, "random", True, drop_last)
+    results = [r["random"] for r in runs[world, drop_last]]
     for epoch in range(EPOCHS):
         stats = results[0]["stats"][epoch]
         lengths = [len(r["served"][epoch]) for r in results]
