@@ -43,6 +43,7 @@ from torch import Tensor, nn
 from transformers import Trainer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from leanbatch.hf.packed import is_packed
 from leanbatch.selection.tokens import TokenSelection
 
 __all__ = ["TOKENS_FILE", "TokenSelectionTrainer"]
@@ -117,7 +118,11 @@ class TokenSelectionTrainer(Trainer):
         return_outputs: bool = False,
         num_items_in_batch: Any = None,
     ) -> Any:
-        """The Trainer's ``compute_loss``, the inputs kept for the reference model's forward."""
+        """The Trainer's ``compute_loss``, the inputs kept for the reference model's forward. A packed
+        batch is forwarded (by both models) with ``use_cache=False``: a cache hides its sequences'
+        boundaries from attention."""
+        if is_packed(inputs):
+            inputs = {**inputs, "use_cache": False}
         self._inputs = {k: v for k, v in inputs.items() if k not in _LABELS}
         self._shift = inputs.get("shift_labels")
         try:
