@@ -171,6 +171,7 @@ def test_a_distributed_run_of_two_gloo_processes_is_one_trial(cluster: dict[str,
     assert report["failed"] == [] and run["num_samples"] == 1000  # each process trained its half of 2,000
     assert [e["forwarded"] for e in run["epochs"]] == [1000] * distributed_task.EPOCHS
     assert run["metric"] > 40.0  # DDP trained it: 5 classes, chance is 20
+    assert report["config"]["world_size"] == 2  # what each run was, not the driver's one process
 
 
 def test_without_ray_the_option_names_the_extra(

@@ -141,6 +141,7 @@ def execute(
     another study, a cluster that cannot be used: ``ValueError`` of one line."""
     if cluster is not None:
         cluster.check()
+        study.world_size = cluster.workers  # results.json records each run's processes
     journal = None
     if out is not None:
         if write:

@@ -57,6 +57,7 @@ class Study:
     optional: bool = False
     metric_option: str = "metric={!r}"
     left_out: list[str] = field(default_factory=list)  # default methods the task has no hook for
+    world_size: int | None = None  # processes per run (a Ray run's workers); None: this process's WORLD_SIZE
 
     def check(self) -> None:
         """Refuse, before anything trains, what cannot run: :class:`~leanbatch.engine.running.contract.TaskError`."""
@@ -87,7 +88,7 @@ class Study:
             "controls": self.controls,
             "interleave": self.interleave,
             "clock": self.clock,
-            "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+            "world_size": self.world_size or int(os.environ.get("WORLD_SIZE", "1")),
             **({"left_out": list(self.left_out)} if self.left_out else {}),
         }
 
