@@ -35,15 +35,14 @@ Example:
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 from transformers import Trainer
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from leanbatch.hf.packed import is_packed
+from leanbatch.hf.state import load_state, save_state
 from leanbatch.selection.tokens import TokenSelection
 
 __all__ = ["TOKENS_FILE", "TokenSelectionTrainer"]
@@ -131,25 +130,15 @@ class TokenSelectionTrainer(Trainer):
             self._inputs, self._shift = {}, None
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
-        if self.args.should_save:
-            out = os.path.join(
-                self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-            )
-            os.makedirs(out, exist_ok=True)
-            torch.save(self.token_selection.state_dict(), os.path.join(out, TOKENS_FILE))
+        save_state(self, trial, TOKENS_FILE, self.token_selection.state_dict)
         super()._save_checkpoint(model, trial)
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is None:
             return
-        path = os.path.join(checkpoint, TOKENS_FILE)
-        if not os.path.isfile(path):
-            raise FileNotFoundError(
-                f"resume_from_checkpoint={checkpoint!r} holds no {TOKENS_FILE}: it was not saved by a "
-                "TokenSelectionTrainer, so the token selection's draws cannot be restored"
-            )
-        self.token_selection.load_state_dict(torch.load(path, weights_only=True))
+        _, state = load_state(checkpoint, TOKENS_FILE, "TokenSelectionTrainer", "the token selection's draws")
+        self.token_selection.load_state_dict(state)
 
     def _selected_loss(self, outputs: Any, labels: Tensor | None, num_items_in_batch: Any = None) -> Tensor:
         """``compute_loss_func``: the selected tokens' loss over ``num_items_in_batch`` (the kept tokens)."""

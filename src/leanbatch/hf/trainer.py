@@ -21,7 +21,6 @@ What each override handles (the Trainer and accelerate behaviour is in the packa
 from __future__ import annotations
 
 import inspect
-import os
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
@@ -30,13 +29,13 @@ from torch import Tensor
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import Sampler
 from transformers import Trainer, TrainerCallback
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from leanbatch.distributed import ScoreCarrier, carry_if_ddp
 from leanbatch.hf.checks import check_setup, wrap_train_dataset
 from leanbatch.hf.data import INDEX_KEY, IndexCollator, IndexedDataset, Rows
 from leanbatch.hf.losses import weighted_loss
 from leanbatch.hf.packed import Packing, is_packed, packed_losses, packing_of, token_weights
+from leanbatch.hf.state import load_state, save_state
 from leanbatch.infobatch import InfoBatch
 from leanbatch.losses import sequence_losses, token_losses
 from leanbatch.policies.plan import Plan
@@ -408,29 +407,20 @@ class LeanbatchMixin(_Base):
         ds, sb = self.infobatch, self.selective_backprop
         if ds is not None:
             ds.sampler.merge()  # every process: the merged table is saved
-        if self.args.should_save:
-            folder = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-            out = os.path.join(self._get_output_dir(trial=trial), folder)
-            os.makedirs(out, exist_ok=True)
-            state = {
-                "version": 1,
-                "infobatch": None if ds is None else ds.state_dict(),
-                "selective_backprop": None if sb is None else sb.state_dict(),
-            }
-            torch.save(state, os.path.join(out, STATE_FILE))
+        save_state(self, trial, STATE_FILE, lambda: {
+            "version": 1,
+            "infobatch": None if ds is None else ds.state_dict(),
+            "selective_backprop": None if sb is None else sb.state_dict(),
+        })  # fmt: skip
         super()._save_checkpoint(model, trial)
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is None:
             return
-        path = os.path.join(checkpoint, STATE_FILE)
-        if not os.path.isfile(path):
-            raise FileNotFoundError(
-                f"resume_from_checkpoint={checkpoint!r} holds no {STATE_FILE}: it was not saved by a "
-                "leanbatch trainer, so the pruning and selection state cannot be restored"
-            )
-        state = torch.load(path, weights_only=True)
+        path, state = load_state(
+            checkpoint, STATE_FILE, "leanbatch trainer", "the pruning and selection state"
+        )
         for name, obj in (("infobatch", self.infobatch), ("selective_backprop", self.selective_backprop)):
             if (state.get(name) is None) != (obj is None):
                 raise ValueError(f"{path} was saved {'without' if obj is not None else 'with'} {name}")
