@@ -22,12 +22,12 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 __all__ = ["load_state", "save_state"]
 
 
-def save_state(trainer: Trainer, trial: Any, name: str, state: Callable[[], Any]) -> None:
-    """``state()`` saved as ``name`` in the checkpoint folder ``trainer`` is about to write (only where
-    it saves: its main process)."""
+def save_state(trainer: Trainer, output_dir: str, name: str, state: Callable[[], Any]) -> None:
+    """``state()`` saved as ``name`` in the checkpoint folder ``trainer`` is about to write under
+    ``output_dir`` (the trainer's own ``_get_output_dir(trial)``), only where it saves: its main process."""
     if trainer.args.should_save:
         folder = f"{PREFIX_CHECKPOINT_DIR}-{trainer.state.global_step}"
-        out = os.path.join(trainer._get_output_dir(trial=trial), folder)
+        out = os.path.join(output_dir, folder)
         os.makedirs(out, exist_ok=True)
         torch.save(state(), os.path.join(out, name))
 

@@ -130,7 +130,7 @@ class TokenSelectionTrainer(Trainer):
             self._inputs, self._shift = {}, None
 
     def _save_checkpoint(self, model: Any, trial: Any) -> None:
-        save_state(self, trial, TOKENS_FILE, self.token_selection.state_dict)
+        save_state(self, self._get_output_dir(trial=trial), TOKENS_FILE, self.token_selection.state_dict)
         super()._save_checkpoint(model, trial)
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:

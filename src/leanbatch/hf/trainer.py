@@ -407,7 +407,7 @@ class LeanbatchMixin(_Base):
         ds, sb = self.infobatch, self.selective_backprop
         if ds is not None:
             ds.sampler.merge()  # every process: the merged table is saved
-        save_state(self, trial, STATE_FILE, lambda: {
+        save_state(self, self._get_output_dir(trial=trial), STATE_FILE, lambda: {
             "version": 1,
             "infobatch": None if ds is None else ds.state_dict(),
             "selective_backprop": None if sb is None else sb.state_dict(),
