@@ -5,7 +5,9 @@ padding-free (``padding_free=True``: the collator packs the served samples into 
 packed (``packing=True``: TRL packs the dataset's rows before training, so each packed row is a
 sample) runs train; with every weight 1 the run is TRL's own ``compute_loss_func`` path with the
 model's loss; Selective Backprop trains padded batches and is refused on packed rows; a run resumed
-mid-epoch is the uninterrupted one. Nothing is downloaded: the tokenizer is a word-level vocabulary.
+mid-epoch is the uninterrupted one. Token selection trains in ``SFTTrainer`` through
+``class SFTTokens(TokenSelectionTrainer, SFTTrainer)``: exactly the kept tokens' loss, as computed by
+hand, and with ``keep=1`` TRL's own loss. Nothing is downloaded: the tokenizer is a word-level vocabulary.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from tokenizers.models import WordLevel
 from transformers import PreTrainedTokenizerFast
 from trl import SFTConfig, SFTTrainer
 
-from leanbatch import Plan, SelectiveBackprop
-from leanbatch.hf import INDEX_KEY, leanbatch_trainer
+from leanbatch import Plan, SelectiveBackprop, TokenSelection
+from leanbatch.hf import INDEX_KEY, TokenSelectionTrainer, leanbatch_trainer
 
 N = 14
 LeanSFT = leanbatch_trainer(SFTTrainer)
@@ -215,3 +217,152 @@ def test_a_mid_epoch_resume_trains_the_uninterrupted_runs_plans(tmp_path):
         resumed.infobatch.scores.values, full.infobatch.scores.values, rtol=0, atol=0, equal_nan=True
     )
     torch.testing.assert_close(params(resumed.model), params(full.model), rtol=0, atol=0)
+
+
+class SFTTokens(TokenSelectionTrainer, SFTTrainer):
+    """Token selection in TRL: ``TokenSelectionTrainer`` first, so its ``compute_loss`` wraps TRL's."""
+
+
+class RecordingSelection(TokenSelection):
+    """Records the (shifted) targets and the kept mask of every batch it selects."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.masks: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def kept(self, token_loss, targets, **kw):
+        mask = super().kept(token_loss, targets, **kw)
+        self.masks.append((targets.clone(), mask.clone()))
+        return mask
+
+
+class RecordingReference(torch.nn.Module):
+    """A reference Llama that records the logits of each forward."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model, self.logits = model, []
+
+    def forward(self, **inputs):
+        out = self.model(**inputs)
+        self.logits.append(out.logits.detach().clone())
+        return out
+
+
+class TokenSpy(SFTTokens):
+    """Records each micro-batch's logits, labels, ``num_items_in_batch`` and selected loss."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.seen: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = []
+
+    def _selected_loss(self, outputs, labels, num_items_in_batch=None):
+        loss = super()._selected_loss(outputs, labels, num_items_in_batch)
+        self.seen.append(
+            (
+                outputs.logits.detach().clone(),
+                labels.clone(),
+                torch.as_tensor(num_items_in_batch),
+                loss.detach(),
+            )
+        )
+        return loss
+
+
+def kept_by_hand(logits, ref_logits, labels, keep):
+    """The kept tokens (a mask over the shifted targets) and their summed loss, ranked in Python."""
+    targets = torch.nn.functional.pad(labels, (0, 1), value=-100)[:, 1:]
+    ce = lambda lg: torch.nn.functional.cross_entropy(lg.transpose(1, 2), targets, reduction="none")  # noqa: E731
+    tok, excess = ce(logits), ce(logits) - ce(ref_logits)
+    labelled = [
+        (r, t) for r in range(targets.shape[0]) for t in range(targets.shape[1]) if targets[r, t] != -100
+    ]
+    k = max(1, int(keep * len(labelled))) if labelled else 0
+    chosen = sorted(labelled, key=lambda p: -float(excess[p]))[:k]  # stable: ties keep the earlier token
+    mask = torch.zeros_like(targets, dtype=torch.bool)
+    for p in chosen:
+        mask[p] = True
+    return targets, mask, sum(float(tok[p]) for p in chosen)
+
+
+@pytest.mark.parametrize("mode", ["padded", "padding_free", "bfd"])
+def test_token_selection_in_sft_trainer_trains_exactly_the_kept_tokens_loss(tmp_path, mode):
+    """Each micro-batch's loss is the summed loss of the top half of its labelled tokens by excess
+    loss (ranked by hand from the model's and the reference's logits), over the kept tokens of its
+    accumulation group; never a -100 token (prompt, padding, a packed sequence's first label)."""
+    ts, reference = RecordingSelection(keep=0.5), RecordingReference(tiny_model(7))
+    trainer = TokenSpy(model=tiny_model(0), args=config(tmp_path, mode, num_train_epochs=1, gradient_accumulation_steps=2),
+                       train_dataset=dataset(), processing_class=tokenizer(), token_selection=ts,
+                       reference_model=reference)  # fmt: skip
+    trainer.train()
+    micro = {"padded": 4, "padding_free": 4, "bfd": 2}[mode]  # BFD packs the 14 examples into at most 8 rows
+    assert (
+        len(trainer.seen) == len(ts.masks) == len(reference.logits) == micro == 2 * trainer.state.global_step
+    )
+    hand = [
+        kept_by_hand(lg, ref, y, 0.5)
+        for (lg, y, _, _), ref in zip(trainer.seen, reference.logits, strict=True)
+    ]
+    for (_, _, n, loss), (targets, mask, total), (t_ts, m_ts) in zip(
+        trainer.seen, hand, ts.masks, strict=True
+    ):
+        assert torch.equal(t_ts, targets) and torch.equal(m_ts, mask)
+        assert (targets[m_ts] != -100).all() and (targets == -100).any()
+        torch.testing.assert_close(float(loss), total / float(n), rtol=1e-5, atol=1e-7)
+    kept = [int(m.sum()) for _, m, _ in hand]
+    groups = [[kept[i] + kept[i + 1]] * 2 for i in range(0, micro, 2)]  # two micro-batches a step
+    assert [int(n) for _, _, n, _ in trainer.seen] == sum(groups, [])
+    assert ts.counts["kept"] == sum(kept) < ts.counts["labelled"]
+
+
+def test_token_selection_keeping_every_token_is_trls_own_loss(tmp_path, recwarn):
+    """keep=1 in ``SFTTokens``: the losses and gradients of the stock ``SFTTrainer`` (its fused LM
+    head, padding-free batches, gradient accumulation); no warning of a deprecated ``compute_loss_func``."""
+    kw = dict(
+        num_train_epochs=1, gradient_accumulation_steps=2, lr_scheduler_type="constant", max_grad_norm=0
+    )
+    traces, losses = [Trace(grads=True), Trace(grads=True)], []
+    for trace, cls in zip(traces, (SFTTokens, SFTTrainer), strict=True):
+        extra = {"token_selection": TokenSelection(keep=1.0)} if cls is SFTTokens else {}
+        trainer = cls(model=tiny_model(), args=config(tmp_path / cls.__name__, "padding_free", **kw),
+                      train_dataset=dataset(), processing_class=tokenizer(), callbacks=[trace], **extra)  # fmt: skip
+        trainer.train()
+        losses.append([h["loss"] for h in trainer.state.log_history if "loss" in h])
+    assert not [w for w in recwarn if "compute_loss_func" in str(w.message)]
+    assert len(traces[0].grads) == len(losses[0]) == 2
+    torch.testing.assert_close(losses[0], losses[1], rtol=1e-6, atol=1e-7)
+    for g_sel, g_trl in zip(traces[0].grads, traces[1].grads, strict=True):
+        torch.testing.assert_close(g_sel, g_trl, rtol=0, atol=1e-4 * float(g_trl.abs().max()))
+
+
+@pytest.mark.parametrize(
+    ("setting", "match"),
+    [
+        ({"loss_type": "dft"}, "args.loss_type='dft'"),
+        ({"label_smoothing_factor": 0.1}, "label_smoothing_factor=0.1"),
+    ],
+)
+def test_trl_losses_token_selection_would_replace_are_refused(tmp_path, setting, match):
+    with pytest.raises(ValueError, match=match):
+        SFTTokens(model=tiny_model(), args=config(tmp_path, "padded", **setting), train_dataset=dataset(),
+                  processing_class=tokenizer(), token_selection=TokenSelection())  # fmt: skip
+
+
+def test_token_selection_in_sft_trainer_resumed_mid_epoch_draws_and_trains_as_the_uninterrupted_run(tmp_path):
+    """The twin (random draws) in padding-free ``SFTTokens``: resumed from a checkpoint inside the
+    first epoch (a model of another seed, overwritten by the checkpoint), the same draws, counts and weights."""
+
+    def run(out, model_seed: int, resume=None) -> SFTTokens:
+        ts = TokenSelection(keep=0.5, policy="random", seed=5)
+        args = config(out, "padding_free", num_train_epochs=2, save_strategy="steps", save_steps=2)
+        trainer = SFTTokens(model=tiny_model(model_seed), args=args, train_dataset=dataset(),
+                            processing_class=tokenizer(), token_selection=ts)  # fmt: skip
+        trainer.train(resume_from_checkpoint=resume)
+        return trainer
+
+    whole = run(tmp_path / "a", 0)
+    assert whole.state.global_step == 8  # 4 steps an epoch: checkpoint-2 is mid-epoch
+    resumed = run(tmp_path / "b", 1, resume=str(tmp_path / "a" / "checkpoint-2"))
+    assert resumed.token_selection.counts == whole.token_selection.counts
+    assert resumed.token_selection.draws == whole.token_selection.draws == 8
+    torch.testing.assert_close(params(resumed.model), params(whole.model), rtol=0, atol=0)

@@ -13,6 +13,10 @@ The Trainer's own loss path, with :class:`~leanbatch.TokenSelection` as its ``co
 - Progress (the schedule's ``start``/``end``) is ``state.global_step / state.max_steps``.
 - ``_save_checkpoint`` / ``_load_optimizer_and_scheduler``: the selection's state travels in
   ``leanbatch_tokens.pt`` inside each checkpoint folder, so a resumed run draws as the uninterrupted one.
+- TRL: ``class SFTTokens(TokenSelectionTrainer, SFTTrainer)`` (this class first) trains the selection
+  in ``SFTTrainer``, whose ``compute_loss`` calls the same hook (and runs one more forward, without
+  gradient, for its metrics). ``loss_type`` other than ``"nll"`` and label smoothing are refused:
+  the hook would silently replace them.
 
 Example:
     >>> import torch
@@ -60,7 +64,8 @@ class TokenSelectionTrainer(Trainer):
     ``token_selection`` (a :class:`~leanbatch.TokenSelection`; ``policy="random"`` is the twin, which
     needs no reference) and ``reference_model`` (RHO-1's reference: the same tokenizer and
     vocabulary; moved to the training device, kept in eval mode, never trained; ``None``: rank
-    by the loss itself).
+    by the loss itself). Combine it with a ``Trainer`` subclass that calls the Trainer's
+    ``compute_loss_func`` hook by listing it first: ``class SFTTokens(TokenSelectionTrainer, SFTTrainer)``.
     """
 
     def __init__(
@@ -82,8 +87,11 @@ class TokenSelectionTrainer(Trainer):
             raise TypeError(
                 f"reference_model must be a torch.nn.Module, got {type(reference_model).__name__}"
             )
-        kwargs["compute_loss_func"] = self._selected_loss
         super().__init__(*args, **kwargs)
+        _check_loss(self.args)
+        # the loss hook, set after __init__: TRL's SFTTrainer warns of a compute_loss_func passed to it
+        loss_fn: Any = self._selected_loss
+        self.compute_loss_func = loss_fn
         self.token_selection = token_selection
         self.reference_model = reference_model
         if reference_model is not None:
@@ -151,6 +159,22 @@ class TokenSelectionTrainer(Trainer):
             outputs.logits, None if shift is not None else labels, shift_labels=shift, progress=self.progress,
             reference_logits=reference, num_items_in_batch=num_items_in_batch,
         )  # fmt: skip
+
+
+def _check_loss(args: Any) -> None:
+    """Refuse the settings whose loss the selection's would silently replace (TRL's ``loss_type``,
+    label smoothing): the hook ``compute_loss_func`` takes precedence over both."""
+    loss_type = getattr(args, "loss_type", "nll")  # TRL's SFTConfig
+    if loss_type != "nll":
+        raise ValueError(
+            f"args.loss_type={loss_type!r}: token selection ranks and trains each token's cross-entropy, "
+            "which it computes itself (the selection would silently replace TRL's loss); set loss_type='nll'"
+        )
+    if args.label_smoothing_factor != 0:
+        raise ValueError(
+            f"args.label_smoothing_factor={args.label_smoothing_factor} is not supported with token selection "
+            "(it trains the kept tokens' plain cross-entropy, so the smoothing would be silently ignored); set it to 0"
+        )
 
 
 def _targets(batch: Any, ignore_index: int) -> Tensor | None:
