@@ -154,3 +154,48 @@ def test_padding_free_batches_select_and_train_as_the_padded_ones(tmp_path):
     padded = run(PadCollator(), str(tmp_path / "padded"))
     flat = run(DataCollatorWithFlattening(), str(tmp_path / "flat"))
     assert torch.allclose(flat, padded, atol=1e-4)  # with a cache: 1e-2 apart (checked)
+
+
+def reference_of_length(positions: int) -> LlamaForCausalLM:
+    """A reference of the model's vocabulary that takes sequences of up to ``positions`` tokens."""
+    cfg = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=1, max_position_embeddings=positions)  # fmt: skip
+    return LlamaForCausalLM(cfg)
+
+
+@pytest.mark.parametrize("packed", [False, True])
+def test_a_reference_shorter_than_the_sequences_is_refused_at_the_first_batch(tmp_path, packed):
+    """The sequences run to 15 tokens: a reference of 8 positions is refused, padded or packed, before
+    anything is counted or trained; one of 16 positions trains on packed rows far wider than 16."""
+    from transformers import DataCollatorWithFlattening
+
+    def build(positions: int) -> TokenSelectionTrainer:
+        collator = DataCollatorWithFlattening() if packed else PadCollator()
+        return TokenSelectionTrainer(model=tiny_model(0), args=training_args(str(tmp_path), max_steps=2),
+                                     train_dataset=DATA, data_collator=collator, token_selection=TokenSelection(),
+                                     reference_model=reference_of_length(positions))  # fmt: skip
+
+    assert max(len(f["input_ids"]) for f in DATA) == 15
+    trainer = build(8)
+    start = params(trainer.model)
+    with pytest.raises(ValueError, match=r"reference_model takes sequences of up to 8 positions.*max_length"):
+        trainer.train()
+    assert torch.equal(params(trainer.model), start) and trainer.token_selection.counts["batches"] == 0
+    trainer = build(16)
+    trainer.train()
+    assert trainer.state.global_step == 2
+
+
+def test_packed_sequences_starting_with_a_label_are_refused_at_the_first_batch(tmp_path):
+    """``DataCollatorWithFlattening(separator_id=7)`` labels each packed sequence's first token 7, so
+    the shifted loss would train each sequence's last token to predict the next one's first."""
+    from transformers import DataCollatorWithFlattening
+
+    model, ts = tiny_model(0), TokenSelection(keep=0.5)
+    start = params(model)
+    trainer = TokenSelectionTrainer(model=model, args=training_args(str(tmp_path), max_steps=2), train_dataset=DATA,
+                                    data_collator=DataCollatorWithFlattening(separator_id=7),
+                                    token_selection=ts)  # fmt: skip
+    with pytest.raises(ValueError, match="labels: a packed sequence starts with a label, not -100"):
+        trainer.train()
+    assert torch.equal(params(model), start) and ts.counts == {"batches": 0, "labelled": 0, "kept": 0}

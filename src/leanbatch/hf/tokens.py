@@ -47,6 +47,7 @@ from transformers import Trainer
 
 from leanbatch.hf.packed import is_packed
 from leanbatch.hf.state import load_state, save_state
+from leanbatch.packing import check_packed_labels, packed_sequence_ids, require_values
 from leanbatch.selection.tokens import TokenSelection
 
 __all__ = ["TOKENS_FILE", "TokenSelectionTrainer"]
@@ -129,6 +130,7 @@ class TokenSelectionTrainer(Trainer):
         batch is forwarded (by both models) with ``use_cache=False``: a cache hides its sequences'
         boundaries from attention."""
         if is_packed(inputs):
+            _check_packed_labels(inputs)
             inputs = {**inputs, "use_cache": False}
         self._inputs = {k: v for k, v in inputs.items() if k not in _LABELS}
         self._shift = inputs.get("shift_labels")
@@ -153,6 +155,7 @@ class TokenSelectionTrainer(Trainer):
         ts, inputs, shift = self.token_selection, self._inputs, self._shift
         reference = None
         if self.reference_model is not None and ts.policy == "excess" and ts.is_active(self.progress):
+            _check_reference_length(self.reference_model, inputs)
             with torch.no_grad():
                 reference = self.reference_model(**inputs).logits
         return ts.loss(
@@ -175,6 +178,37 @@ def _check_loss(args: Any) -> None:
             f"args.label_smoothing_factor={args.label_smoothing_factor} is not supported with token selection "
             "(it trains the kept tokens' plain cross-entropy, so the smoothing would be silently ignored); set it to 0"
         )
+
+
+def _check_packed_labels(batch: Any) -> None:
+    """Refuse a packed batch whose position ids (or ``cu_seq_lens_q``) start a sequence at a label
+    (the shifted loss would train across two sequences); labels already shifted are the collator's."""
+    labels = batch.get("labels")
+    if "shift_labels" in batch or not isinstance(labels, Tensor) or labels.dim() != 2:
+        return
+    ids = packed_sequence_ids(
+        labels, position_ids=batch.get("position_ids"), cu_seq_lens=batch.get("cu_seq_lens_q")
+    )
+    check_packed_labels(labels, ids)
+
+
+def _check_reference_length(reference: nn.Module, inputs: dict[str, Any]) -> None:
+    """Refuse a batch with positions past the reference's ``max_position_embeddings`` (``n_positions``):
+    its logits there are not a reference's (or it fails inside its embedding). No host sync."""
+    config = getattr(reference, "config", None)
+    limit = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
+    positions, ids = inputs.get("position_ids"), inputs.get("input_ids")
+    if not isinstance(limit, int) or not isinstance(ids, Tensor):
+        return
+    message = (
+        f"reference_model takes sequences of up to {limit} positions (its config.max_position_embeddings) "
+        "but the batch's sequences are longer: the reference must score the model's inputs as they are; "
+        f"cut the data to {limit} tokens (max_length) or use a reference with the model's sequence length"
+    )
+    if isinstance(positions, Tensor):
+        require_values(positions.max() < limit, message)
+    elif ids.shape[-1] > limit:
+        raise ValueError(message)
 
 
 def _targets(batch: Any, ignore_index: int) -> Tensor | None:
