@@ -20,7 +20,7 @@ from leanbatch.selection.selective_backprop import SelectiveBackprop
 from leanbatch.stream_data import PrunedStream
 from leanbatch.streams import StreamInfoBatch
 
-__all__ = ["check_setup", "wrap_train_dataset"]
+__all__ = ["check_cross_entropy_args", "check_setup", "wrap_train_dataset"]
 
 
 def wrap_train_dataset(trainer: Any, settings: Any) -> InfoBatch:
@@ -163,14 +163,30 @@ def _check_loss(trainer: Any, args: Any) -> None:
             "compute_loss_func: InfoBatch needs per-sequence losses to score and weight, so the adapter "
             "computes the loss itself; drop compute_loss_func"
         )
+    check_cross_entropy_args(args, "InfoBatch")
+
+
+def check_cross_entropy_args(args: Any, method: str) -> None:
+    """Refuse TRL's ``loss_type`` other than ``"nll"`` and label smoothing: ``method`` (InfoBatch,
+    token selection) computes the token cross-entropy itself, so either would be silently replaced.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> check_cross_entropy_args(SimpleNamespace(loss_type="nll", label_smoothing_factor=0.0), "InfoBatch")
+        >>> try:
+        ...     check_cross_entropy_args(SimpleNamespace(loss_type="dft", label_smoothing_factor=0.0), "InfoBatch")
+        ... except ValueError as e:
+        ...     print(str(e).split(":")[0])
+        args.loss_type='dft'
+    """
     loss_type = getattr(args, "loss_type", "nll")  # TRL's SFTConfig
     if loss_type != "nll":
         raise ValueError(
-            f"args.loss_type={loss_type!r}: InfoBatch scores and weights each sequence's token cross-entropy, "
-            "which it computes itself (TRL would silently train that instead); set loss_type='nll'"
+            f"args.loss_type={loss_type!r}: {method} computes each token's cross-entropy itself (TRL's "
+            "loss would be silently replaced); set loss_type='nll'"
         )
     if args.label_smoothing_factor != 0:
         raise ValueError(
-            f"args.label_smoothing_factor={args.label_smoothing_factor} is not supported with InfoBatch "
-            "(the adapter computes the cross-entropy per sequence); set it to 0"
+            f"args.label_smoothing_factor={args.label_smoothing_factor} is not supported with {method} (it "
+            "computes the plain cross-entropy itself, so the smoothing would be silently ignored); set it to 0"
         )

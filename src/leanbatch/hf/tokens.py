@@ -45,6 +45,7 @@ import torch
 from torch import Tensor, nn
 from transformers import Trainer
 
+from leanbatch.hf.checks import check_cross_entropy_args
 from leanbatch.hf.packed import is_packed
 from leanbatch.hf.state import load_state, save_state
 from leanbatch.packing import check_packed_labels, packed_sequence_ids, require_values
@@ -89,7 +90,7 @@ class TokenSelectionTrainer(Trainer):
                 f"reference_model must be a torch.nn.Module, got {type(reference_model).__name__}"
             )
         super().__init__(*args, **kwargs)
-        _check_loss(self.args)
+        check_cross_entropy_args(self.args, "token selection")
         # the loss hook, set after __init__: TRL's SFTTrainer warns of a compute_loss_func passed to it
         loss_fn: Any = self._selected_loss
         self.compute_loss_func = loss_fn
@@ -162,22 +163,6 @@ class TokenSelectionTrainer(Trainer):
             outputs.logits, None if shift is not None else labels, shift_labels=shift, progress=self.progress,
             reference_logits=reference, num_items_in_batch=num_items_in_batch,
         )  # fmt: skip
-
-
-def _check_loss(args: Any) -> None:
-    """Refuse the settings whose loss the selection's would silently replace (TRL's ``loss_type``,
-    label smoothing): the hook ``compute_loss_func`` takes precedence over both."""
-    loss_type = getattr(args, "loss_type", "nll")  # TRL's SFTConfig
-    if loss_type != "nll":
-        raise ValueError(
-            f"args.loss_type={loss_type!r}: token selection ranks and trains each token's cross-entropy, "
-            "which it computes itself (the selection would silently replace TRL's loss); set loss_type='nll'"
-        )
-    if args.label_smoothing_factor != 0:
-        raise ValueError(
-            f"args.label_smoothing_factor={args.label_smoothing_factor} is not supported with token selection "
-            "(it trains the kept tokens' plain cross-entropy, so the smoothing would be silently ignored); set it to 0"
-        )
 
 
 def _check_packed_labels(batch: Any) -> None:
