@@ -20,9 +20,10 @@ from torch.utils.data import DataLoader
 
 from leanbatch.checks import check_per_sample_loss
 from leanbatch.distributed import ScoreCarrier, carry_if_ddp
+from leanbatch.indexed import WithIndex, join_index, split_index
 from leanbatch.infobatch import InfoBatch
 from leanbatch.lightning import loop
-from leanbatch.lightning.data import EpochSampler, WithIndex, join_index, split_index
+from leanbatch.lightning.data import EpochSampler
 from leanbatch.ranks import initialized, is_distributed
 from leanbatch.selection.selective_backprop import SelectiveBackprop
 
