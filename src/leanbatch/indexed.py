@@ -9,7 +9,7 @@
   :func:`join_index` puts it back.
 - ``flat=False`` (the indices ride beside the batch, for a collator that must not see them): a
   ``dict`` gets ``i`` under ``key`` (a column that survives column filters such as the
-  Hugging Face Trainer's), any other item is wrapped in a :class:`Tagged`, and
+  Hugging Face Trainer's), any other item is wrapped, and
   :func:`untag` gives the items back exactly as the dataset returned them, with their indices.
 """
 
@@ -21,16 +21,11 @@ from typing import Any, NamedTuple
 from torch import Tensor
 from torch.utils.data import Dataset
 
-__all__ = ["Tagged", "WithIndex", "join_index", "split_index", "untag"]
+__all__ = ["WithIndex", "join_index", "split_index", "untag"]
 
 
-class Tagged(NamedTuple):
-    """A non-dict item and its dataset index (``WithIndex(..., flat=False)``), taken apart by :func:`untag`.
-
-    Example:
-        >>> Tagged(3, "item")
-        Tagged(idx=3, item='item')
-    """
+class _Tagged(NamedTuple):
+    """A non-dict item and its dataset index (``flat=False``), taken apart by :func:`untag`."""
 
     idx: int
     item: Any
@@ -51,7 +46,7 @@ class WithIndex(Dataset):
         >>> WithIndex([{"x": 1.0}], key="idx")[0]
         {'x': 1.0, 'idx': 0}
         >>> WithIndex([(1, 2)], flat=False)[0]
-        Tagged(idx=0, item=(1, 2))
+        _Tagged(idx=0, item=(1, 2))
     """
 
     def __init__(self, dataset: Any, key: str = "index", *, flat: bool = True):
@@ -74,7 +69,7 @@ class WithIndex(Dataset):
                 )
             return {**item, self.key: index}
         if not self.flat:
-            return Tagged(index, item)
+            return _Tagged(index, item)
         if isinstance(item, (tuple, list)):
             return (*item, index)
         return (item, index)
@@ -90,11 +85,11 @@ def untag(items: list[Any], key: str) -> tuple[list[Any], list[int]] | None:
         ((['b', {'a': 1}], [1, 0]), None)
     """
     first = items[0] if items else None
-    if not (isinstance(first, Tagged) or (isinstance(first, Mapping) and key in first)):
+    if not (isinstance(first, _Tagged) or (isinstance(first, Mapping) and key in first)):
         return None
     indices, out = [], []
     for it in items:
-        if isinstance(it, Tagged):
+        if isinstance(it, _Tagged):
             indices.append(it.idx)
             out.append(it.item)
         else:
