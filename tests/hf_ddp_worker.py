@@ -3,8 +3,9 @@
 Trains a tiny Llama with InfoBatch and Selective Backprop stacked through the real Trainer
 and accelerate, then writes what this process saw to ``<out>/rank<r>.pt``.
 
-``python hf_ddp_worker.py OUT [SAVE_STEPS [RESUME_FROM]] [--fsdp] [--gpu]``: save a checkpoint
-every ``SAVE_STEPS`` steps (0: none), resume from the checkpoint folder ``RESUME_FROM``, ask
+``python hf_ddp_worker.py OUT [SAVE_STEPS [RESUME_FROM]] [--fsdp] [--gpu] [--carry]``: save a checkpoint
+every ``SAVE_STEPS`` steps (0: none), resume from the checkpoint folder ``RESUME_FROM``, carry the
+scores in DDP's gradient all-reduce (``carry_scores=True``; else each step's all-gather), ask
 accelerate for FSDP (which it ignores on the CPU: its FSDP needs GPUs), train on the GPUs
 (``benchmarks/gpu_fsdp.py --hf``). The scores are not merged by hand at the end: the trainer
 merges them.
@@ -18,7 +19,12 @@ import torch
 
 
 def main(
-    out: str, save_steps: int = 0, resume: str | None = None, fsdp: bool = False, gpu: bool = False
+    out: str,
+    save_steps: int = 0,
+    resume: str | None = None,
+    fsdp: bool = False,
+    gpu: bool = False,
+    carry: bool = False,
 ) -> None:
     torch.set_num_threads(1)
     from hf_setup import PadCollator, Recorder, instruction_data, params, tiny_model, training_args
@@ -45,6 +51,7 @@ def main(
         train_dataset=ds,
         data_collator=PadCollator(),
         selective_backprop=sb,
+        carry_scores=carry,
     )
     trainer.train(resume_from_checkpoint=resume)
     result = {
@@ -75,10 +82,11 @@ def main(
 
 
 if __name__ == "__main__":
-    args = [a for a in sys.argv[1:] if a not in ("--fsdp", "--gpu")]
+    args = [a for a in sys.argv[1:] if a not in ("--fsdp", "--gpu", "--carry")]
     main(
         args[0],
         *(int(a) if a.isdigit() else a for a in args[1:]),  # type: ignore[arg-type]
         fsdp="--fsdp" in sys.argv,
         gpu="--gpu" in sys.argv,
+        carry="--carry" in sys.argv,
     )

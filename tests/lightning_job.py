@@ -127,14 +127,15 @@ def make_trainer(callbacks: list, tmp: str | None = None, **kw: Any) -> Any:
     return pl.Trainer(callbacks=callbacks, **args)
 
 
-def ddp_main(out_dir: str, resume: str | None = None) -> None:
+def ddp_main(out_dir: str, resume: str | None = None, carry: bool = False) -> None:
     """Both methods stacked under ``strategy="ddp"``, 2 CPU processes (gloo); one file per rank.
 
     Losses name their sample and the rank that trained it (``identity_loss + rank``), and the
     selection losses are all equal, so which rows Selective Backprop keeps is its random draw
     alone: equal on two ranks only if they drew the same numbers. A checkpoint is saved after
     every step (rank 0 writes it; saving merges the ranks' scores); with ``resume`` the fit
-    resumes from one and saves on the same schedule.
+    resumes from one and saves on the same schedule. ``carry``: the scores ride DDP's gradient
+    all-reduce (``carry_scores=True``) instead of each step's all-gather.
     """
     import os
 
@@ -149,7 +150,7 @@ def ddp_main(out_dir: str, resume: str | None = None) -> None:
     n = 203  # odd: the plans of pruned epochs are padded to equal shards that end on a short batch
     ib = InfoBatch(make_data(n), EPOCHS, prune_ratio=0.5, delta=0.75, seed=5)
     sb = SelectiveBackprop(start=0.0, end=1.0, keep=0.5, scale_factor=1.0, interrupt=0, seed=3)
-    lb = LeanBatchCallback(ib, sb)
+    lb = LeanBatchCallback(ib, sb, carry_scores=carry)
     module = make_module(lb, loss="identity")
     module.sb_loss = lambda out, y, reduction="none": 0.0 * out.sum(1)  # ties: the draw decides
     scores: list[torch.Tensor] = []
@@ -231,4 +232,5 @@ if __name__ == "__main__":
     if sys.argv[1] == "world":
         world_main(sys.argv[2], int(sys.argv[3]), sys.argv[4] if len(sys.argv) > 4 else None)
     else:
-        ddp_main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None)
+        args = [a for a in sys.argv[1:] if a != "--carry"]
+        ddp_main(args[0], args[1] if len(args) > 1 else None, carry="--carry" in sys.argv)

@@ -280,6 +280,7 @@ def test_misconfigurations_are_refused_with_the_fix(tmp_path):
             {"selective_backprop": SelectiveBackprop(scale_factor=1.0, staleness=2, num_samples=8)},
         ),
         (r"must be a leanbatch.SelectiveBackprop", {"selective_backprop": "sb"}),
+        (r"carry_scores must be True or False", {"carry_scores": "yes"}),
         (r"nothing to do", {"train_dataset": data}),
         (r"sets num_epochs itself", {"train_dataset": data, "infobatch": {"num_epochs": 2}}),
         (r"not both", {"infobatch": {"prune_ratio": 0.5}}),

@@ -206,11 +206,12 @@ def ddp_job(out: Path, *resume: str) -> None:
 
 def test_ddp_two_processes_plan_alike_merge_scores_draw_independently_and_resume(tmp_path):
     """``strategy="ddp"``, 2 CPU processes (gloo), both methods stacked; then a fit resumed from
-    rank 0's checkpoint inside a pruned epoch continues every rank exactly."""
+    rank 0's checkpoint inside a pruned epoch continues every rank exactly, with the scores carried
+    in DDP's gradient all-reduce (``carry_scores=True``) where the first fit all-gathered them."""
     ddp_job(tmp_path)
     a, b = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2))
     assert a["world"] == b["world"] == 2
-    assert a["carried"][0] > 0 and a["carried"] == b["carried"]  # the scores rode DDP's all-reduce
+    assert a["carried"] is None and b["carried"] is None  # carry_scores is off: each step's all-gather
     assert a["stats"] == b["stats"]  # every rank planned the same epochs
     stats = a["stats"]
     assert any(s["pruning"] and s["kept"] < 203 for s in stats)
@@ -249,9 +250,10 @@ def test_ddp_two_processes_plan_alike_merge_scores_draw_independently_and_resume
 
     first_pruned = next(e for e, s in enumerate(stats) if s["kept"] < 203)
     step = len([r for r in a["rows"] if r[0] < first_pruned]) + 2  # two batches into a pruned epoch
-    ddp_job(tmp_path, str(tmp_path / "saved" / f"step={step}.ckpt"))
+    ddp_job(tmp_path, str(tmp_path / "saved" / f"step={step}.ckpt"), "--carry")
     for r, full in enumerate((a, b)):
         resumed = torch.load(tmp_path / f"resumed{r}.pt", weights_only=False)
+        assert resumed["carried"][0] > 0  # the scores rode DDP's all-reduce
         assert resumed["rows"] == full["rows"][step:]  # this rank's own shard, batch for batch
         assert resumed["stats"] == stats
         for x, y in zip(resumed["scores"], full["scores"][first_pruned:], strict=True):
@@ -333,6 +335,8 @@ def test_misuse_is_a_clear_error_before_or_at_the_first_batch():
         lb.dataloader(batch_size=4, shuffle=True)
     with pytest.raises(ValueError, match="infobatch=.*selective_backprop="):
         LeanBatchCallback()
+    with pytest.raises(TypeError, match="carry_scores must be True or False"):
+        LeanBatchCallback(lb.infobatch, carry_scores=1)
 
 
 def untrained_remainder_fit(tmp: Path, mode: str, ckpt: Path | None = None) -> tuple[Any, Any, list[float]]:

@@ -4,6 +4,7 @@ sample is trained once per epoch on the rank that owns it, and shards have equal
 
 from __future__ import annotations
 
+import inspect
 import os
 from typing import Any
 
@@ -21,6 +22,7 @@ from leanbatch import (
     SeTaPolicy,
     UCBPolicy,
 )
+from leanbatch.policies.parts import Part, Slice
 
 N, EPOCHS, BS = 203, 5, 8
 
@@ -91,6 +93,18 @@ def whole(results: list[dict], epoch: int) -> tuple[set[int] | None, torch.Tenso
     for rank, (_, wr) in enumerate(parts):
         w[rank::world] = wr
     return kept, w
+
+
+def test_a_shardable_policy_has_one_signature_its_part_comes_as_the_scores():
+    """No ``part=``: a sharded table hands a shardable policy its ``Part`` as the scores."""
+    for name in NAMES:
+        assert list(inspect.signature(policy(name).__call__).parameters) == ["scores", "epoch", "generator"]
+    scores = torch.rand(N, generator=torch.Generator().manual_seed(1))
+    plans = [
+        InfoBatchPolicy(0.5, EPOCHS)(s, 0, torch.Generator().manual_seed(3))
+        for s in (scores, Part(scores, Slice(N)))
+    ]
+    assert torch.equal(plans[0].kept, plans[1].kept) and plans[0].num_kept < N
 
 
 @pytest.fixture(scope="module")

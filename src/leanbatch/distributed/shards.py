@@ -4,8 +4,8 @@ With ``W`` ranks, rank ``r`` owns the dataset indices ``i % W == r`` (a
 :class:`~leanbatch.policies.parts.Slice`): :class:`ShardedScores` holds their scores (local row
 ``j`` is index ``r + j * W``; indices stay global everywhere else, and a row of another rank is
 not stored), and :class:`ShardedPlan` the kept indices it owns and their weights. Planning is the
-one wrapper :func:`plan_shard` around a shardable policy (``policy.shardable``, planned with
-``part=`` its slice and that slice's collectives): the plan is the unsharded plan's part on the
+one wrapper :func:`plan_shard` around a shardable policy (``policy.shardable``, handed the
+table's :class:`~leanbatch.policies.parts.Part`: its rows and their slice, with the collectives): the plan is the unsharded plan's part on the
 slice. Each rank serves its own kept list in a keyed order, every rank padded (or truncated) to
 one length: its ``k``-th sample sits at position ``k * world + rank`` of the epoch's order, so
 the sampler's arithmetic is the same as unsharded.
@@ -33,7 +33,7 @@ from torch import Tensor
 from leanbatch.distributed.collectives import DistComm
 from leanbatch.permutation import KeyedPermutation, mix_seed
 from leanbatch.policies.base import Policy
-from leanbatch.policies.parts import Comm, Slice, slice_size
+from leanbatch.policies.parts import Comm, Part, Slice, slice_size
 from leanbatch.policies.plan import Plan, plan_fields
 from leanbatch.ranks import initialized, is_distributed, process_rank, world_size
 from leanbatch.scores import ScoreTable
@@ -295,12 +295,12 @@ def plan_shard(
 ) -> ShardedPlan:
     """This rank's part of the epoch's plan, and every rank's kept count (one gather through ``comm``).
 
-    ``policy`` plans the table's slice (``part=``), its global statistics combined through
+    ``policy`` plans the table's :class:`~leanbatch.policies.parts.Part` (its rows and slice), its global statistics combined through
     ``comm`` (every rank calls this together); the shard length is the largest kept count (the
     smallest with ``drop_last``).
     """
     sl = Slice(table.num_samples, table.slice.world, table.slice.rank, comm)
-    plan = policy(table.values, epoch, generator, part=sl)  # type: ignore[call-arg]
+    plan = policy(Part(table.values, sl), epoch, generator)  # type: ignore[arg-type]  # a shardable policy
     mine = sl.size if plan.kept is None else int(plan.kept.numel())
     counts = tuple(int(c) for c in comm.gather(torch.tensor([mine], dtype=torch.int64))[:, 0])
     length = min(counts) if drop_last else max(counts)

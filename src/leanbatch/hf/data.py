@@ -3,7 +3,8 @@
 The Trainer's data path is: dataset items -> ``RemoveColumnsCollator`` (keeps only the
 model's ``forward`` arguments and the label columns, when ``remove_unused_columns``) ->
 the user's collator -> accelerate (device placement, sharding of batches). Each item of
-:class:`IndexedDataset` carries its dataset index under :data:`INDEX_KEY`; the adapter adds
+:class:`IndexedDataset` (the core's :class:`~leanbatch.indexed.WithIndex`, its indices kept
+apart) carries its dataset index under :data:`INDEX_KEY`; the adapter adds
 that key to the Trainer's signature columns so it survives ``remove_unused_columns``, and
 :class:`IndexCollator` takes it out of every item before the user's collator runs and puts
 the whole batch's indices back as one :class:`Rows` object. ``Rows`` is not a tensor and
@@ -14,14 +15,14 @@ before ``forward``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Callable, MutableMapping
 from typing import Any
 
 import torch
 from torch import Tensor
-from torch.utils.data import Dataset
 
 from leanbatch.hf.packed import sequences_per_item
+from leanbatch.indexed import WithIndex, untag
 
 __all__ = ["INDEX_KEY", "IndexCollator", "IndexedDataset", "Rows"]
 
@@ -74,21 +75,12 @@ class Rows:
         return f"Rows({self.indices.tolist()})"
 
 
-class _Tagged:
-    """A non-dict item and its dataset index (``RemoveColumnsCollator`` passes it through)."""
-
-    __slots__ = ("index", "item")
-
-    def __init__(self, index: int, item: Any):
-        self.index, self.item = index, item
-
-
-class IndexedDataset(Dataset):
-    """``dataset[i]`` with its index ``i`` attached, for the training loader only.
-
-    A dict item gets the key :data:`INDEX_KEY`; any other item is wrapped so that the
-    collator can untag it. Nothing else of the wrapped dataset is exposed (in particular no
-    ``set_epoch``, which accelerate would call with its own epoch numbers).
+class IndexedDataset(WithIndex):
+    """``dataset[i]`` with its index ``i`` attached, for the training loader only: the core's
+    :class:`~leanbatch.indexed.WithIndex` with the key :data:`INDEX_KEY` and the items kept apart
+    (``flat=False``): a dict item gets the key, any other item is wrapped so that the collator
+    can untag it. Nothing else of the wrapped dataset is exposed (in particular no ``set_epoch``,
+    which accelerate would call with its own epoch numbers).
 
     Example:
         >>> ds = IndexedDataset([{"input_ids": [1, 2]}, {"input_ids": [3]}])
@@ -97,18 +89,7 @@ class IndexedDataset(Dataset):
     """
 
     def __init__(self, dataset: Any):
-        self.dataset = dataset
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, index: int) -> Any:
-        item = self.dataset[index]
-        if type(item) is dict:  # what RemoveColumnsCollator filters: the key must be a column
-            if INDEX_KEY in item:
-                raise ValueError(f"the dataset's items already hold a {INDEX_KEY!r} column; rename it")
-            return {**item, INDEX_KEY: int(index)}
-        return _Tagged(int(index), item)
+        super().__init__(dataset, INDEX_KEY, flat=False)
 
 
 class IndexCollator:
@@ -133,17 +114,10 @@ class IndexCollator:
         self.shift = shift
 
     def __call__(self, features: list[Any]) -> Any:
-        first = features[0] if features else None
-        if not (isinstance(first, _Tagged) or (isinstance(first, Mapping) and INDEX_KEY in first)):
+        tagged = untag(features, INDEX_KEY)
+        if tagged is None:
             return self.collate_fn(features)
-        indices, items = [], []
-        for f in features:
-            if isinstance(f, _Tagged):
-                indices.append(f.index)
-                items.append(f.item)
-            else:
-                indices.append(f[INDEX_KEY])
-                items.append({k: v for k, v in f.items() if k != INDEX_KEY})
+        items, indices = tagged
         batch = self.collate_fn(items)
         if not isinstance(batch, MutableMapping):
             raise TypeError(

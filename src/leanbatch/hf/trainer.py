@@ -151,8 +151,11 @@ class LeanbatchMixin(_Base):
         *args: Any,
         infobatch: Mapping[str, Any] | None = None,
         selective_backprop: SelectiveBackprop | None = None,
+        carry_scores: bool = False,
         **kwargs: Any,
     ):
+        if not isinstance(carry_scores, bool):
+            raise TypeError(f"carry_scores must be True or False, got {carry_scores!r}")
         super().__init__(*args, **kwargs)
         if infobatch is not None:  # around the dataset as the trainer prepared it (trl tokenizes in __init__)
             wrapped: Any = wrap_train_dataset(self, infobatch)
@@ -166,8 +169,9 @@ class LeanbatchMixin(_Base):
         self._lb_first_epoch: int | None = None
         self._lb_updates_per_epoch = 1
         self._lb_selection_loss = _SelectionLoss(self._loss_shifts_labels)
+        self._lb_carry = carry_scores
         self._lb_carried: Any = None  # the wrapped model the carrier was tried on
-        self.score_carrier: ScoreCarrier | None = None  # under DDP: the scores ride its all-reduce
+        self.score_carrier: ScoreCarrier | None = None  # with carry_scores under DDP: the scores' carrier
         if ds is not None:
             loss_fn: Any = self._leanbatch_loss
             collator: Any = IndexCollator(cast(Any, self).data_collator, shift=self._loss_shifts_labels)
@@ -304,7 +308,7 @@ class LeanbatchMixin(_Base):
             packing = packing_of(inputs, rows.sequences)
         if packing is not None:
             inputs["use_cache"] = False  # a cache hides the packed sequences from sdpa and eager attention
-        if self._lb_carried is not model:  # under DDP the scores ride its all-reduce (once per wrapper)
+        if self._lb_carry and self._lb_carried is not model:  # the scores ride DDP's all-reduce
             self._lb_carried, self.score_carrier = model, carry_if_ddp(ds, model)
         n, first = self._lb_trained(ds, len(rows))
         step = ds.sampler.prepare(n)

@@ -9,7 +9,8 @@ Lightning's hooks; no algorithm lives here:
   :meth:`~LeanBatchCallback.select` (Selective Backprop) and return
   :meth:`~LeanBatchCallback.loss`.
 - :class:`WithIndex`, :class:`EpochSampler` - what goes in the DataLoader (items that
-  carry their dataset index; the plan as Lightning counts an epoch's batches). Both are
+  carry their dataset index, the core's :mod:`leanbatch.indexed`; the plan as Lightning
+  counts an epoch's batches). Both are
   plain torch and import without Lightning; :class:`LeanBatchCallback` loads Lightning on
   first use and, where it is missing, says which extra to install.
 
@@ -21,7 +22,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from leanbatch.lightning.data import EpochSampler, WithIndex
+from leanbatch.indexed import WithIndex
+from leanbatch.lightning.data import EpochSampler
 from leanbatch.optional import import_with_extra
 
 if TYPE_CHECKING:

@@ -20,9 +20,10 @@ from torch.utils.data import DataLoader
 
 from leanbatch.checks import check_per_sample_loss
 from leanbatch.distributed import ScoreCarrier, carry_if_ddp
+from leanbatch.indexed import WithIndex, join_index, split_index
 from leanbatch.infobatch import InfoBatch
 from leanbatch.lightning import loop
-from leanbatch.lightning.data import EpochSampler, WithIndex, join_index, split_index
+from leanbatch.lightning.data import EpochSampler
 from leanbatch.ranks import initialized, is_distributed
 from leanbatch.selection.selective_backprop import SelectiveBackprop
 
@@ -40,6 +41,10 @@ class LeanBatchCallback(pl.Callback):
             :meth:`select` on its batch first.
         index_key: where dict batches carry their dataset indices (tuple batches: last).
         log_stats: log per-epoch statistics through the Trainer's loggers (``leanbatch/...``).
+        carry_scores: under DDP over several processes, send each step's score rows inside the
+            backward's gradient all-reduce (:class:`~leanbatch.distributed.ScoreCarrier`,
+            :attr:`score_carrier`) instead of an all-gather of their own: the same scores, 0.3-0.7 ms
+            a step less on CPU gloo, not measured on NCCL. Off by default (the all-gather).
 
     In ``training_step``: ``x, y, idx = batch`` (tuple items get their index appended;
     dict items get it under ``index_key``), then ``return lb.loss(per_sample_loss, idx)``.
@@ -79,6 +84,7 @@ class LeanBatchCallback(pl.Callback):
         *,
         index_key: str = "index",
         log_stats: bool = True,
+        carry_scores: bool = False,
     ):
         if infobatch is None and selective_backprop is None:
             raise ValueError("pass infobatch=InfoBatch(...) and/or selective_backprop=SelectiveBackprop(...)")
@@ -90,7 +96,10 @@ class LeanBatchCallback(pl.Callback):
             )
         self.infobatch = infobatch
         self.selective_backprop = selective_backprop
+        if not isinstance(carry_scores, bool):
+            raise TypeError(f"carry_scores must be True or False, got {carry_scores!r}")
         self.index_key = index_key
+        self.carry_scores = carry_scores
         self.log_stats = bool(log_stats)
         self._dataset = None if infobatch is None else WithIndex(infobatch, index_key)
         self._sampler = None if infobatch is None else EpochSampler(infobatch.sampler, infobatch.num_epochs)
@@ -100,7 +109,7 @@ class LeanBatchCallback(pl.Callback):
         self._calls = {"select": 0, "loss": 0}  # in the batch being trained
         self._recheck_length = False  # set the epoch's length again at the next batch (after a resume)
         self._epoch_start: dict[str, float] = {}
-        self.score_carrier: ScoreCarrier | None = None  # under DDP: the scores ride its all-reduce
+        self.score_carrier: ScoreCarrier | None = None  # with carry_scores under DDP: the scores' carrier
 
     # ------------------------------------------------------------------ data
     @property
@@ -240,7 +249,8 @@ class LeanBatchCallback(pl.Callback):
         self._snapshot()
         if self.infobatch is None:
             return
-        self.score_carrier = carry_if_ddp(self.infobatch, trainer.strategy.model)  # wrapped by now
+        if self.carry_scores:
+            self.score_carrier = carry_if_ddp(self.infobatch, trainer.strategy.model)  # wrapped by now
         dl = loop.train_loader(trainer, self.sampler, self.dataset)
         ready = loop.batches_done(trainer)  # restored by a resume: batches of Lightning's epoch done
         if ready and self.infobatch.position.trained == 0:

@@ -1,7 +1,6 @@
-"""What the Lightning adapter puts in the DataLoader: items that carry their index, and the sampler.
+"""What the Lightning adapter puts in the DataLoader besides its items (the core's
+:class:`~leanbatch.indexed.WithIndex`, which carry their dataset index): the sampler.
 
-:class:`WithIndex` makes every item carry its dataset index, so the index travels with
-the batch through collation, worker processes and Lightning's transfer to the device.
 :class:`EpochSampler` is the :class:`~leanbatch.sampler.PrunedSampler` as Lightning
 counts batches: on a resumed epoch Lightning keeps counting from the batches already
 trained, so the length it reads must be the whole epoch's, not what is left of it.
@@ -9,89 +8,13 @@ trained, so the length it reads must be the whole epoch's, not what is left of i
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Iterator
 
-from torch import Tensor
-from torch.utils.data import Dataset, Sampler
+from torch.utils.data import Sampler
 
 from leanbatch.sampler import PrunedSampler
 
-__all__ = ["EpochSampler", "WithIndex", "join_index", "split_index"]
-
-
-class WithIndex(Dataset):
-    """Each item of ``dataset`` together with its index: appended to tuples, under ``key`` in dicts.
-
-    ``(x, y)`` becomes ``(x, y, i)`` (a plain tuple, for namedtuples and lists too);
-    ``{"x": ..., "y": ...}`` becomes ``{"x": ..., "y": ..., "index": i}``; any other item ``v``
-    becomes ``(v, i)``. Collated batches then hold the
-    dataset indices as their last element (or under ``key``), as an int64 tensor.
-
-    Example:
-        >>> import torch
-        >>> from torch.utils.data import TensorDataset
-        >>> ds = WithIndex(TensorDataset(torch.tensor([5.0, 6.0]), torch.tensor([0, 1])))
-        >>> ds[1]
-        (tensor(6.), tensor(1), 1)
-        >>> WithIndex([{"x": 1.0}], key="idx")[0]
-        {'x': 1.0, 'idx': 0}
-    """
-
-    def __init__(self, dataset: Any, key: str = "index"):
-        if not isinstance(key, str) or not key:
-            raise TypeError(f"key must be a non-empty str (the dict key of the index), got {key!r}")
-        self.dataset = dataset
-        self.key = key
-
-    def __len__(self) -> int:
-        return len(self.dataset)
-
-    def __getitem__(self, index: int) -> Any:
-        item = self.dataset[index]
-        if isinstance(item, Mapping):
-            if self.key in item:
-                raise KeyError(
-                    f"the dataset's items already have a {self.key!r} key: pick another index_key= for the "
-                    "dataset index"
-                )
-            return {**item, self.key: index}
-        if isinstance(item, (tuple, list)):
-            return (*item, index)
-        return (item, index)
-
-
-def split_index(batch: Any, key: str) -> tuple[Any, Tensor]:
-    """``(batch without its indices, indices)`` for a batch of :class:`WithIndex` items.
-
-    Example:
-        >>> import torch
-        >>> split_index((torch.ones(2), torch.tensor([7, 9])), "index")
-        ((tensor([1., 1.]),), tensor([7, 9]))
-    """
-    if isinstance(batch, Mapping):
-        if key not in batch:
-            raise KeyError(f"the batch has no {key!r} key: build the train DataLoader with lb.dataset")
-        return {k: v for k, v in batch.items() if k != key}, batch[key]
-    if isinstance(batch, (tuple, list)) and len(batch) >= 2 and isinstance(batch[-1], Tensor):
-        return tuple(batch[:-1]), batch[-1]
-    raise TypeError(
-        "the batch does not end with its dataset indices: build the train DataLoader with lb.dataset "
-        f"(tuple items get their index appended, dict items under {key!r}), got {type(batch).__name__}"
-    )
-
-
-def join_index(rest: Any, indices: Tensor, key: str) -> Any:
-    """The inverse of :func:`split_index`.
-
-    Example:
-        >>> import torch
-        >>> join_index({"x": torch.ones(1)}, torch.tensor([4]), "index")
-        {'x': tensor([1.]), 'index': tensor([4])}
-    """
-    if isinstance(rest, Mapping):
-        return {**rest, key: indices}
-    return (*rest, indices)
+__all__ = ["EpochSampler"]
 
 
 class EpochSampler(Sampler[int]):

@@ -39,7 +39,6 @@ __all__ = [
     "plan_from_keep",
     "pruning_epochs",
     "weights_where",
-    "whole",
 ]
 
 _SCALE = 1 << 32  # drop probabilities are multiples of 2**-32
@@ -49,10 +48,11 @@ _CHUNK = 1 << 20  # samples per chunk of random draws and index building
 class Policy(Protocol):
     """What the sampler calls once per epoch: ``policy(scores, epoch, generator) -> Plan``.
 
-    A policy that can plan one rank's part of the index space (``shard_scores=True``) takes it as
-    ``part=`` (a :class:`~leanbatch.policies.parts.Slice`; ``scores`` then hold that part's rows)
-    and says so with ``shardable = True``: its plan is the unsharded plan's part on that slice,
-    and :func:`leanbatch.distributed.shards.plan_shard` wraps it for every sharded run. Two optional
+    A policy that can plan one rank's part of the index space (``shard_scores=True``) says so with
+    ``shardable = True``: a sharded table then hands it, as ``scores``, its
+    :class:`~leanbatch.policies.parts.Part` (that rank's rows and their slice, with the collectives;
+    :func:`~leanbatch.policies.parts.split_part` reads either kind), and its plan is the unsharded
+    plan's part on that slice (:func:`leanbatch.distributed.shards.plan_shard` wraps it). Two optional
     hooks, for policies that read more of the score table than its values:
     ``score_table_options() -> dict`` (the ``ScoreTable`` keyword arguments the rule needs, e.g.
     ``{"ema": 0.9, "variance": True}``; :class:`~leanbatch.InfoBatch` builds its table with them)
@@ -70,17 +70,6 @@ class Policy(Protocol):
     num_epochs: int
 
     def __call__(self, scores: Tensor, epoch: int, generator: torch.Generator) -> Plan: ...
-
-
-def whole(scores: Tensor, part: Slice | None) -> Slice:
-    """``part``, or the slice holding every row of ``scores`` (one process).
-
-    Example:
-        >>> import torch
-        >>> whole(torch.zeros(3), None).size
-        3
-    """
-    return Slice(scores.numel()) if part is None else part
 
 
 def pruning_epochs(num_epochs: int, delta: float) -> int:

@@ -23,9 +23,9 @@ from torch import Tensor
 
 from leanbatch.checks import check_epochs, check_ratio
 from leanbatch.permutation import KeyedPermutation, mix_seed
-from leanbatch.policies.base import plan_from_keep, pruning_epochs, whole
+from leanbatch.policies.base import plan_from_keep, pruning_epochs
 from leanbatch.policies.keyed import draw_key
-from leanbatch.policies.parts import Slice, global_count
+from leanbatch.policies.parts import Part, Slice, global_count, split_part
 from leanbatch.policies.plan import Plan, full_plan
 from leanbatch.policies.select import score_keys, top_mask, uniform_keys
 
@@ -118,13 +118,11 @@ class RS2Policy(_Budget):
         pos = perm.inverse(sl.indices())  # backward on this rank's indices: O(N / world)
         return (pos >= lo) & (pos < hi)
 
-    shardable = True  # plans a rank's part of the index space (``part=``)
+    shardable = True  # plans a rank's part of the index space (``scores``: a sharded table's Part)
 
-    def __call__(
-        self, scores: Tensor, epoch: int, generator: torch.Generator, part: Slice | None = None
-    ) -> Plan:
-        """The epoch's plan (``part``: the slice of the index space ``scores`` hold; default all)."""
-        sl = whole(scores, part)
+    def __call__(self, scores: Tensor | Part, epoch: int, generator: torch.Generator) -> Plan:
+        """The epoch's plan (``scores``: every sample's, or one rank's :class:`~leanbatch.policies.parts.Part`)."""
+        scores, sl = split_part(scores)
         n = sl.num_samples
         k = budget_size(n, self.prune_ratio)
         if not self.prunes(epoch) or k >= n:
@@ -205,13 +203,11 @@ class EpsilonGreedyPolicy(_Budget):
         """The score each sample is ranked by (higher = kept first); never scored = +inf."""
         return torch.nan_to_num(scores, nan=float("inf"))
 
-    shardable = True  # plans a rank's part of the index space (``part=``)
+    shardable = True  # plans a rank's part of the index space (``scores``: a sharded table's Part)
 
-    def __call__(
-        self, scores: Tensor, epoch: int, generator: torch.Generator, part: Slice | None = None
-    ) -> Plan:
-        """The epoch's plan (``part``: the slice of the index space ``scores`` hold; default all)."""
-        sl = whole(scores, part)
+    def __call__(self, scores: Tensor | Part, epoch: int, generator: torch.Generator) -> Plan:
+        """The epoch's plan (``scores``: every sample's, or one rank's :class:`~leanbatch.policies.parts.Part`)."""
+        scores, sl = split_part(scores)
         n = sl.num_samples
         k = budget_size(n, self.prune_ratio)
         if not self.prunes(epoch) or k >= n:

@@ -33,10 +33,9 @@ from leanbatch.policies.base import (
     plan_from_drop,
     pruning_epochs,
     weights_where,
-    whole,
 )
 from leanbatch.policies.keyed import draw_key
-from leanbatch.policies.parts import Slice, global_count, global_mean
+from leanbatch.policies.parts import Part, global_count, global_mean, split_part
 from leanbatch.policies.plan import Plan, full_plan
 
 __all__ = ["InfoBatchPolicy", "RandomPolicy", "make_policy"]
@@ -101,13 +100,11 @@ class _Rescaled:
     def _cap(self, w: float) -> float:
         return w if self.max_weight is None else min(w, float(self.max_weight))
 
-    shardable = True  # plans a rank's part of the index space (``part=``)
+    shardable = True  # plans a rank's part of the index space (``scores``: a sharded table's Part)
 
-    def __call__(
-        self, scores: Tensor, epoch: int, generator: torch.Generator, part: Slice | None = None
-    ) -> Plan:
-        """The epoch's plan (``part``: the slice of the index space ``scores`` hold; default all)."""
-        sl = whole(scores, part)
+    def __call__(self, scores: Tensor | Part, epoch: int, generator: torch.Generator) -> Plan:
+        """The epoch's plan (``scores``: every sample's, or one rank's :class:`~leanbatch.policies.parts.Part`)."""
+        scores, sl = split_part(scores)
         uniform = isinstance(self, RandomPolicy)
         n = sl.num_samples
         if not self.prunes(epoch):

@@ -23,14 +23,24 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 from torch import Tensor
 
 from leanbatch.checks import check_int
 
-__all__ = ["LOCAL", "Comm", "LocalComm", "Slice", "global_count", "global_mean", "slice_size"]
+__all__ = [
+    "LOCAL",
+    "Comm",
+    "LocalComm",
+    "Part",
+    "Slice",
+    "global_count",
+    "global_mean",
+    "slice_size",
+    "split_part",
+]
 
 _ROWS = 1 << 18  # local rows per step of the statistics (cache-sized)
 _FIXED = 62 - 18 - 1  # fixed-point bits below the largest magnitude: a step's sum fits int64
@@ -161,6 +171,32 @@ class Slice:
         first = max(0, -(-(start - self.rank) // self.world))
         end = max(first, -(-(stop - self.rank) // self.world))
         return min(first, self.size), min(end, self.size)
+
+
+class Part(NamedTuple):
+    """One rank's part of the scores, as a sharded table hands it to a shardable policy: the rows'
+    scores and their :class:`Slice` (with the collectives the policy's global statistics use).
+
+    Example:
+        >>> Part(torch.zeros(2), Slice(4, 2, 1)).slice.indices().tolist()
+        [1, 3]
+    """
+
+    values: Tensor
+    slice: Slice
+
+
+def split_part(scores: Tensor | Part) -> tuple[Tensor, Slice]:
+    """``(scores, slice)``: a :class:`Part`'s own, or every row's (one process) for a tensor.
+
+    Example:
+        >>> values, sl = split_part(torch.zeros(3))
+        >>> sl.size, sl.whole
+        (3, True)
+    """
+    if isinstance(scores, Part):
+        return scores.values, scores.slice
+    return scores, Slice(scores.numel())
 
 
 def global_count(local: int | Tensor, sl: Slice) -> int:

@@ -37,10 +37,10 @@ import torch
 from torch import Tensor
 
 from leanbatch.checks import check_epochs, check_ratio
-from leanbatch.policies.base import plan_from_keep, pruning_epochs, whole
+from leanbatch.policies.base import plan_from_keep, pruning_epochs
 from leanbatch.policies.budget import budget_size
 from leanbatch.policies.keyed import draw_key
-from leanbatch.policies.parts import Slice, global_count
+from leanbatch.policies.parts import Part, Slice, global_count, split_part
 from leanbatch.policies.plan import Plan, full_plan
 from leanbatch.policies.select import kth_largest, top_mask, uniform_keys
 
@@ -187,13 +187,11 @@ class SeTaPolicy:
             return 0, self.num_groups
         return epoch % (self.num_groups - size + 1), size
 
-    shardable = True  # plans a rank's part of the index space (``part=``)
+    shardable = True  # plans a rank's part of the index space (``scores``: a sharded table's Part)
 
-    def __call__(
-        self, scores: Tensor, epoch: int, generator: torch.Generator, part: Slice | None = None
-    ) -> Plan:
-        """The epoch's plan (``part``: the slice of the index space ``scores`` hold; default all)."""
-        sl = whole(scores, part)
+    def __call__(self, scores: Tensor | Part, epoch: int, generator: torch.Generator) -> Plan:
+        """The epoch's plan (``scores``: every sample's, or one rank's :class:`~leanbatch.policies.parts.Part`)."""
+        scores, sl = split_part(scores)
         n = sl.num_samples
         k = budget_size(n, self.prune_ratio)
         start, size = self.window(epoch)
