@@ -234,13 +234,14 @@ class CountedInfoBatch(InfoBatch):
     def to_serve(self, epoch: int) -> int:
         """Samples the arm serves in ``epoch`` (this process's share): what its sampler serves, fixed when
         the epoch is first served (the epoch before checked first: its loader's steps may change the
-        budget's arithmetic)."""
+        budget's arithmetic), and the sampler's epochs then the budget's, if more."""
         assert self.budget is not None, "to_serve() is an arm's that keeps every sample"
         if not self.budget.limited:
             return self._share() if epoch < self._task_epochs else 0
         if epoch not in self._cut:
             self.end_epoch()
             self._cut[epoch] = self.budget.served(epoch, self._share(), self._task_epochs, self._rows())
+            self.sampler.num_epochs = max(self._task_epochs, self.num_epochs)  # a budget above 1: more
         return self._cut[epoch]
 
     @property
@@ -277,7 +278,7 @@ class CountedInfoBatch(InfoBatch):
         """Epochs the arm serves samples in (fewer than the task's for a budget below 1)."""
         budget = self.budget
         if budget is None or not budget.limited or self._batch_size() is None:
-            return self.sampler.num_epochs
+            return self._task_epochs
         return budget.epochs(self._share(), self._task_epochs, self._rows())
 
     @property
