@@ -85,8 +85,7 @@ class PrunedSampler(Sampler[int]):
         shard_scores: bool = False,
     ):
         check_layout(num_replicas, rank, shard, drop_last, shard_scores, scores, policy)
-        self.scores = scores
-        self.policy = policy
+        self.scores, self.policy = scores, policy
         bind = getattr(policy, "bind", None)
         if callable(bind):  # a policy that reads more of the table than its scores (UCB: the variance)
             bind(scores)
@@ -273,8 +272,9 @@ class PrunedSampler(Sampler[int]):
             stored = self.scores.version != self._merged_at and not self.shard_scores
             check_agreement(world, self.shard, self.process_group, stored, self._unmerged)
             self._plan = None  # let the old plan go before making the new one
-            self._plan, stats = plan_epoch(self.policy, self.scores, epoch, self.seed, world, rank, round_size=self._round,
-                                           drop_last=self.drop_last, comm=self.comm, group=self.process_group)  # fmt: skip
+            self._plan, stats = plan_epoch(self.policy, self.scores, epoch, self.seed, world, rank,
+                                           round_size=self._round, drop_last=self.drop_last,
+                                           comm=self.comm, group=self.process_group)  # fmt: skip
             self.epoch_stats = [s for s in self.epoch_stats if s["epoch"] != epoch] + [stats]
         return self._plan
 

@@ -198,7 +198,8 @@ def served_length(
     Example:
         >>> served_length(10, 0, 0, 2, 1, False, None), served_length(10, 0, 0, 2, 1, False, lambda e: 3)
         (5, 3)
-        >>> served_length(10, 0, 4, 2, 1, False, lambda e: 3), served_length(10, 0, 0, 2, 1, False, lambda e: 9)
+        >>> cut = lambda epoch: 3
+        >>> served_length(10, 0, 4, 2, 1, False, cut), served_length(10, 0, 0, 2, 1, False, lambda e: 9)
         (1, 5)
     """
     if limit is not None:

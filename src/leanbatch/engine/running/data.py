@@ -246,7 +246,7 @@ class CountedInfoBatch(InfoBatch):
 
     @property
     def served(self) -> dict[int, int]:
-        """Samples served in each epoch whose plan is made (this rank's), for an arm that keeps every sample."""
+        """Samples served in each epoch planned (this rank's), for an arm that keeps every sample."""
         return {int(s["epoch"]): self.to_serve(int(s["epoch"])) for s in self.epoch_stats}
 
     def end_epoch(self) -> None:

@@ -161,7 +161,8 @@ class Run:
     def wrap(self, dataset: Any, num_epochs: int, *, min_batch: int = 1) -> InfoBatch:
         """The arm's data over ``dataset`` for ``num_epochs`` epochs (starts the clock): an
         :class:`~leanbatch.InfoBatch` with the arm's policy for a pruning arm, else one that keeps every
-        sample, with the arm's budget (:class:`~leanbatch.engine.running.data.CountedInfoBatch`). Use it: ``sampler=ds.sampler``, ``ds.set_epoch(epoch)``, ``ds.update(per_sample_loss)``.
+        sample and serves the arm's budget (:class:`~leanbatch.engine.running.data.CountedInfoBatch`).
+        Use it as one: ``sampler=ds.sampler``, ``ds.set_epoch(epoch)``, ``ds.update(per_sample_loss)``.
         ``min_batch``: a last batch of an epoch with fewer rows is not trained (2 for BatchNorm).
         """
         self._bind(dataset, num_epochs)
@@ -278,11 +279,7 @@ class Run:
         pruning arm's epochs are shorter: read ``ds.progress``). Needs ``run.wrap`` and ``run.batch_size``."""
         if not self.arm.limited:
             return None
-        if (
-            isinstance(self.data, CountedInfoBatch)
-            and self.data.budget is not None
-            and self._batch is not None
-        ):
+        if self._batch is not None and getattr(self.data, "budget", None) is not None:
             return self.data.total_steps  # the loader's own steps, once its first epoch showed them
         if self._sizes is None or self._batch is None:
             raise ContractError("run.total_steps needs run.wrap(...) and run.batch_size(...) first")

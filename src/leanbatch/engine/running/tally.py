@@ -117,8 +117,8 @@ class Tally:
     def plans(self, data: Any, policy: Any) -> tuple[float | None, bool | None]:
         """A pruning arm's latest plan (its threshold, whether it pruned); a histogram of the scores it
         was planned from when the epoch before kept them, and the scores of the next when it is one of
-        :func:`snapshot_epochs`. ``(None, None)`` for other arms."""
-        if not isinstance(data, InfoBatch) or not data.epoch_stats:
+        :func:`snapshot_epochs`. ``(None, None)`` for the others (``policy`` None)."""
+        if policy is None or not isinstance(data, InfoBatch) or not data.epoch_stats:
             return None, None
         stats = data.epoch_stats[-1]
         if self._snapshot is not None:
