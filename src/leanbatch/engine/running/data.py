@@ -1,11 +1,11 @@
 """What ``run.wrap(dataset, num_epochs)`` returns: the arm's data, its budget, and what it counts.
 
 Every arm gets a :class:`CountedInfoBatch`: the library's :class:`~leanbatch.InfoBatch`, with the
-arm's seed, which also counts the steps and rows its ``update()`` trains. A pruning arm's prunes
-by its policy; every other arm's (the baseline, its budgets, batch-level selection) keeps every
-sample with weight 1 (nothing pruned: ``update`` returns the plain mean), in the sampler's keyed
-random order, fresh each epoch (under torch.distributed rank ``r`` serves the positions
-``r, r + world, ...``), and its budget is a setting of that sampler
+arm's seed, which also counts the steps and rows its ``update()`` trains. For a pruning arm it
+prunes by the arm's policy; for every other arm (the baseline, its budgets, batch-level selection)
+it keeps every sample with weight 1 (nothing pruned: ``update`` returns the plain mean), in the
+sampler's keyed random order, fresh each epoch (under torch.distributed rank ``r`` serves the
+positions ``r, r + world, ...``), and the arm's budget is a setting of that sampler
 (:meth:`~leanbatch.PrunedSampler.set_limit`: the samples each rank serves in an epoch).
 
 A :class:`Budget` is the arithmetic of the baseline's step and batch budgets (AlgoPerf's
