@@ -7,9 +7,9 @@
   merges the ranks' scores where every rank is at the same point, so planning is a local,
   deterministic function of the merged table.
 - :func:`check_agreement` refuses to plan from scores the other ranks never saw.
-- :func:`read_state` reads a saved run back (epoch, global position, the epoch's plan, the
-  statistics, the seed), checking every key before anything changes: a checkpoint is data
-  from outside, and a wrong one must fail with the key that is wrong.
+- The warnings a run gives once (:func:`warn_past_end`, :func:`warn_skipped`, :func:`warn_stale_len`).
+
+The sampler's argument checks and its saved state live beside it, in :mod:`leanbatch.sampler_state`.
 
 Example:
     >>> import torch
@@ -25,12 +25,10 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from leanbatch.checks import check_bool, check_int, require
 from leanbatch.permutation import mix_seed
 from leanbatch.policies.base import Policy
 from leanbatch.policies.parts import Comm
@@ -40,14 +38,11 @@ from leanbatch.scores import ScoreTable
 
 __all__ = [
     "check_agreement",
-    "check_layout",
     "local_length",
     "plan_epoch",
-    "read_state",
     "warn_past_end",
     "warn_skipped",
     "warn_stale_len",
-    "write_state",
 ]
 
 
@@ -194,144 +189,3 @@ def warn_stale_len(warned: set[str], finished: int, read: int, epoch: int, lengt
         "top of each epoch, before reading len(loader)",
         stacklevel=4,
     )
-
-
-def check_layout(
-    num_replicas: Any, rank: Any, shard: Any, drop_last: Any, shard_scores: Any, scores: Any, policy: Any
-) -> None:
-    """The sampler's data-parallel arguments, checked (``ValueError``/``TypeError`` naming the wrong one).
-
-    Example:
-        >>> from leanbatch import RandomPolicy, ScoreTable
-        >>> try:
-        ...     check_layout(2, 2, True, False, False, ScoreTable(4), RandomPolicy())
-        ... except ValueError as e:
-        ...     print(e)
-        rank must be in [0, num_replicas=2), got 2
-    """
-    if num_replicas is not None:
-        try:
-            check_int(num_replicas, "num_replicas", 1)
-        except TypeError as e:
-            raise ValueError(str(e)) from None
-    if rank is not None:
-        bad = isinstance(rank, bool) or not isinstance(rank, int) or rank < 0
-        if bad or (num_replicas is not None and rank >= num_replicas):
-            raise ValueError(f"rank must be in [0, num_replicas={num_replicas}), got {rank!r}")
-    check_bool(shard, "shard")
-    check_bool(drop_last, "drop_last")
-    check_bool(shard_scores, "shard_scores")
-    if shard_scores and not shard:
-        raise ValueError(
-            "shard_scores=True has each rank serve the samples it owns, so it needs shard=True: "
-            "a framework that shards the batches of one global order (shard=False) cannot use it"
-        )
-    if not shard and (num_replicas not in (None, 1) or rank not in (None, 0)):
-        raise ValueError(
-            "shard=False serves the whole plan on every process (the framework shards the batches), "
-            f"so num_replicas/rank do not apply: got num_replicas={num_replicas!r}, rank={rank!r}"
-        )
-    if shard_scores:
-        if not getattr(policy, "shardable", False):
-            raise ValueError(
-                f"shard_scores=True plans each rank's slice of the index space, which {type(policy).__name__} "
-                "cannot do (it is not shardable; LossRankPolicy needs every score in one place to rank them): "
-                "use InfoBatchPolicy, RandomPolicy, RS2Policy, EpsilonGreedyPolicy, UCBPolicy or SeTaPolicy, "
-                "or leave shard_scores off"
-            )
-        if scores.owner is None:
-            raise ValueError("shard_scores=True plans one rank's slice: the scores must be a ShardedScores")
-    elif scores.owner is not None:
-        raise ValueError(
-            "this score table holds one rank's slice (ShardedScores): pass shard_scores=True to the sampler"
-        )
-
-
-def write_state(
-    seed: int,
-    num_samples: int,
-    where: tuple[int, int, bool, int],
-    plan: Plan | None,
-    stats: list[dict[str, Any]],
-) -> dict[str, Any]:
-    """A sampler's state in the format :func:`read_state` reads: plain values and the plan's tensors.
-
-    ``where``: ``(epoch, position, finished, world)``, the position counted in the epoch's global
-    order (all ranks); a fully trained epoch ``e`` is ``(e, its length, True, world)``.
-
-    Example:
-        >>> state = write_state(0, 8, (1, 0, False, 1), None, [])
-        >>> read_state(state, ScoreTable(8))[:2]
-        (1, 0)
-    """
-    epoch, position, finished, world = where
-    return {
-        "version": 2,
-        "seed": seed,
-        "num_samples": num_samples,
-        "epoch": epoch,
-        "position": position,
-        "finished": finished,
-        "world": world,
-        "plan": None if plan is None else plan.state_dict(),
-        "epoch_stats": [dict(s) for s in stats],
-    }
-
-
-def read_state(state: Any, scores: ScoreTable) -> tuple[int, int, Plan | None, list[dict[str, Any]], int]:
-    """``(epoch, global position, plan, epoch statistics, seed)`` of a sampler's saved state, validated
-    for ``scores``, which reads the saved plan (a sharded table: its own rank's part only).
-
-    Example:
-        >>> state = {"version": 2, "seed": 0, "num_samples": 8, "epoch": 1, "position": 0, "finished": False,
-        ...          "world": 1, "plan": None, "epoch_stats": []}
-        >>> read_state(state, ScoreTable(8))[:2]
-        (1, 0)
-        >>> try:
-        ...     read_state({**state, "epoch": -1}, ScoreTable(8))
-        ... except ValueError as e:
-        ...     print(e)
-        state_dict['epoch'] must be an int >= 0, got -1
-    """
-    keys = ("version", "seed", "num_samples", "epoch", "position", "finished", "plan", "epoch_stats")
-    state = require(state, keys, "state_dict")
-    if state["version"] != 2:
-        raise ValueError(f"state_dict has version {state['version']!r}; this leanbatch reads version 2")
-    num_samples = scores.num_samples
-    if state["num_samples"] != num_samples:
-        raise ValueError(
-            f"state_dict is for a dataset of {state['num_samples']} samples, this sampler serves "
-            f"{num_samples}: load a checkpoint made with the same dataset"
-        )
-    seed = state["seed"]
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"state_dict['seed'] must be an int, got {seed!r}")
-    epoch = _count(state, "epoch")
-    if not isinstance(state["finished"], bool):
-        raise ValueError(f"state_dict['finished'] must be a bool, got {state['finished']!r}")
-    if state["finished"]:
-        epoch, trained, plan = epoch + 1, 0, None
-    else:
-        trained, saved = _count(state, "position"), state["plan"]
-        plan = None if saved is None else scores.load_plan(Plan, saved, "state_dict['plan']")
-    if plan is not None and plan.epoch != epoch:
-        raise ValueError(f"state_dict['plan'] is epoch {plan.epoch}'s but the position is in epoch {epoch}")
-    if trained and plan is None:
-        raise ValueError(
-            f"state_dict['plan'] is missing for a position inside epoch {epoch} ({trained} trained)"
-        )
-    if plan is not None and trained > plan.order_length:
-        raise ValueError(
-            f"state_dict position {trained} is past the end of epoch {epoch}, whose plan keeps {plan.order_length}"
-        )
-    stats = state["epoch_stats"]
-    if not isinstance(stats, list) or not all(isinstance(s, Mapping) and "epoch" in s for s in stats):
-        raise ValueError("state_dict['epoch_stats'] must be a list of per-epoch dicts")
-    return epoch, trained, plan, [dict(s) for s in stats], seed
-
-
-def _count(state: Mapping[str, Any], key: str) -> int:
-    v = state[key]
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise ValueError(f"state_dict[{key!r}] must be an int >= 0, got {v!r}")
-    return v

@@ -16,12 +16,12 @@ from torch import Tensor
 from torch.utils.data import Dataset
 
 from leanbatch.checks import check_index_tensor, check_map_dataset, check_per_sample_loss, require
-from leanbatch.epochs import read_state
 from leanbatch.policies.base import Policy
 from leanbatch.policies.infobatch import make_policy
 from leanbatch.policies.plan import Plan
 from leanbatch.progress import Position
 from leanbatch.sampler import PrunedSampler
+from leanbatch.sampler_state import read_state
 from leanbatch.scores import ScoreTable
 
 if TYPE_CHECKING:

@@ -19,23 +19,14 @@ from torch.utils.data import Sampler
 
 from leanbatch.checks import check_bool, check_int, check_seed
 from leanbatch.distributed.exchange import ScoreExchange, merge_scores
-from leanbatch.epochs import (
-    check_agreement,
-    check_layout,
-    local_length,
-    plan_epoch,
-    read_state,
-    warn_past_end,
-    warn_skipped,
-    warn_stale_len,
-    write_state,
-)
+from leanbatch.epochs import check_agreement, plan_epoch, warn_past_end, warn_skipped, warn_stale_len
 from leanbatch.ledger import Fetches, Iteration, Step, front
 from leanbatch.policies.base import Policy
 from leanbatch.policies.parts import Comm
 from leanbatch.policies.plan import Plan
 from leanbatch.progress import Position, training_progress
 from leanbatch.ranks import is_distributed, world_and_rank
+from leanbatch.sampler_state import Limit, check_layout, check_limit, read_state, served_length, write_state
 from leanbatch.scores import ScoreTable
 
 __all__ = ["PrunedSampler"]
@@ -94,8 +85,7 @@ class PrunedSampler(Sampler[int]):
         shard_scores: bool = False,
     ):
         check_layout(num_replicas, rank, shard, drop_last, shard_scores, scores, policy)
-        self.scores = scores
-        self.policy = policy
+        self.scores, self.policy = scores, policy
         bind = getattr(policy, "bind", None)
         if callable(bind):  # a policy that reads more of the table than its scores (UCB: the variance)
             bind(scores)
@@ -103,12 +93,12 @@ class PrunedSampler(Sampler[int]):
         self.num_epochs = check_int(policy.num_epochs if num_epochs is None else num_epochs, "num_epochs", 1)
         self.chunk_size = chunk_size
         self.num_replicas, self.rank, self.drop_last, self.shard = num_replicas, rank, drop_last, shard
-        self.process_group = process_group
-        self.shard_scores = shard_scores
+        self.process_group, self.shard_scores = process_group, shard_scores
         self.comm: Comm | None = None  # sharded planning's collectives (default: over process_group)
         self.exchange = ScoreExchange(scores, process_group)  # how the step's rows reach every rank
         self.epoch_stats: list[dict[str, Any]] = []
         self._round = 1  # each rank's share of an epoch is a multiple of this (set_round)
+        self._limit: Limit = None  # the samples each rank serves in an epoch (set_limit)
         self._plan: Plan | None = None  # the latest plan; older ones live on in the iterations using them
         self._its: deque[Iteration] = deque()  # iterations with samples that may still be trained
         self._cursor = (0, 0)  # (epoch, global start) served next while no iteration is live
@@ -123,10 +113,26 @@ class PrunedSampler(Sampler[int]):
         """``(world, rank)`` now: the given values, else the process group's (host-side reads)."""
         return world_and_rank(self.num_replicas, self.rank, self.process_group) if self.shard else (1, 0)
 
-    def _local_length(self, kept: int, start: int, world: int | None = None) -> int:
-        """Samples this rank serves of the positions ``start .. kept - 1`` (equal on every rank)."""
+    def _local_length(self, plan: Plan, start: int, world: int | None = None) -> int:
+        """Samples this rank serves of ``plan`` from ``start`` on, up to its cut (:meth:`set_limit`)."""
         w = self._world_rank()[0] if world is None else world
-        return local_length(kept, start, w, self._round, self.drop_last)
+        return served_length(
+            plan.order_length, plan.epoch, start, w, self._round, self.drop_last, self._limit
+        )
+
+    def set_limit(self, limit: Limit) -> None:
+        """Serve at most ``limit(epoch)`` samples on each rank in ``epoch`` (``None``: the whole plan), the
+        first of the rank's share: a step budget. ``limit``: a pure function of the epoch, equal on every
+        rank; not saved in :meth:`state_dict` (set it again to resume); ``progress`` counts whole plans.
+
+        Example:
+            >>> from leanbatch import RandomPolicy, ScoreTable
+            >>> s = PrunedSampler(ScoreTable(10), RandomPolicy(0.0, num_epochs=3), seed=0)
+            >>> s.set_limit(lambda epoch: [10, 4, 0][epoch])
+            >>> [len(list(s)) for epoch in range(3)]
+            [10, 4, 0]
+        """
+        self._limit = check_limit(limit)
 
     def set_round(self, size: int, drop_last: bool = False) -> None:
         """Serve every epoch in whole rounds of ``size`` samples per rank (padded, or with ``drop_last``
@@ -158,13 +164,13 @@ class PrunedSampler(Sampler[int]):
         epoch, start = self._next()
         if epoch >= self.num_epochs:
             return 0
-        return self._local_length(self.plan().order_length, start)
+        return self._local_length(self.plan(), start)
 
     def epoch_length(self) -> int:
         """Samples this rank serves in the whole epoch training stands in (its trained part included)."""
         if self._next()[0] >= self.num_epochs and self._live() is None:
             return 0
-        return self._local_length(self.plan().order_length, 0)
+        return self._local_length(self.plan(), 0)
 
     def _begin(self) -> Iteration | None:
         """Start the iteration a new ``iter()`` serves (``None`` past the last epoch).
@@ -192,7 +198,7 @@ class PrunedSampler(Sampler[int]):
         plan = self._plan_of(epoch)
         self._distributed = is_distributed(self.process_group)
         world, rank = self._world_rank()
-        it = Iteration(epoch, plan, world, rank, start, self._local_length(plan.order_length, start, world))
+        it = Iteration(epoch, plan, world, rank, start, self._local_length(plan, start, world))
         if read is not None and read != it.length and latest is not None and epoch > latest.epoch:
             warn_stale_len(self._warned, latest.epoch, read, epoch, it.length)
         self._its.append(it)
@@ -205,6 +211,11 @@ class PrunedSampler(Sampler[int]):
         it.passed = it.done and it.epoch + 1 < self.num_epochs
         if it.passed:  # a length read before this was inside the pass (the in-loop idiom): right
             self._read_after = None
+
+    @property
+    def ran_out(self) -> bool:
+        """The latest ``iter()`` served its last sample and was asked for more (:attr:`epoch` may stay)."""
+        return bool(self._its) and self._its[-1].ran_out
 
     def _live(self) -> Iteration | None:
         """The latest iteration if it is being trained (not fully trained)."""
@@ -261,18 +272,9 @@ class PrunedSampler(Sampler[int]):
             stored = self.scores.version != self._merged_at and not self.shard_scores
             check_agreement(world, self.shard, self.process_group, stored, self._unmerged)
             self._plan = None  # let the old plan go before making the new one
-            self._plan, stats = plan_epoch(
-                self.policy,
-                self.scores,
-                epoch,
-                self.seed,
-                world,
-                rank,
-                round_size=self._round,
-                drop_last=self.drop_last,
-                comm=self.comm,
-                group=self.process_group,
-            )
+            self._plan, stats = plan_epoch(self.policy, self.scores, epoch, self.seed, world, rank,
+                                           round_size=self._round, drop_last=self.drop_last,
+                                           comm=self.comm, group=self.process_group)  # fmt: skip
             self.epoch_stats = [s for s in self.epoch_stats if s["epoch"] != epoch] + [stats]
         return self._plan
 
@@ -433,7 +435,7 @@ class PrunedSampler(Sampler[int]):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next iteration continues the saved epoch at the saved global position.
 
-        The state is checked before anything changes (:func:`~leanbatch.epochs.read_state`): a wrong
+        The state is checked before anything changes (:func:`~leanbatch.sampler_state.read_state`): a wrong
         key, shape or value is a ``ValueError`` that names it.
         """
         epoch, trained, plan, stats, seed = read_state(state, self.scores)

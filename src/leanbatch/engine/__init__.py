@@ -18,9 +18,9 @@ Example:
 
 from leanbatch.engine.judging.report import Report
 from leanbatch.engine.running.cluster import Cluster
-from leanbatch.engine.running.data import Budget, ContractError, KeepAll
+from leanbatch.engine.running.data import Budget, ContractError
 from leanbatch.engine.running.run import Run
 from leanbatch.engine.running.selecting import Pick
 from leanbatch.engine.study import bench
 
-__all__ = ["Budget", "Cluster", "ContractError", "KeepAll", "Pick", "Report", "Run", "bench"]
+__all__ = ["Budget", "Cluster", "ContractError", "Pick", "Report", "Run", "bench"]

@@ -29,7 +29,7 @@ from typing import Any
 
 from leanbatch import InfoBatch
 from leanbatch.arms.methods import Arm
-from leanbatch.engine.running.data import ContractError, KeepAll
+from leanbatch.engine.running.data import ContractError, CountedInfoBatch
 from leanbatch.engine.running.tally import served
 from leanbatch.selection import Selector
 
@@ -131,8 +131,9 @@ def check_trained(
             f"trained {counts.rows} samples but its data served {n}: pass sampler=ds.sampler to the "
             "DataLoader (not shuffle=True)"
         )
-    if isinstance(data, KeepAll):
-        unserved = sum(data.to_serve(e) for e in range(data.num_epochs)) > sum(data.served.values())
+    if isinstance(data, CountedInfoBatch) and data.budget is not None and data.budget.limited:
+        began = data.served
+        unserved = any(e not in began and data.to_serve(e) > 0 for e in range(data.num_epochs))
     else:
         unserved = isinstance(data, InfoBatch) and not arm.limited and len(data.epoch_stats) < data.num_epochs
     if unserved:

@@ -1,12 +1,12 @@
 """What ``run.wrap(dataset, num_epochs)`` returns: the arm's data, its budget, and what it counts.
 
-- A pruning arm gets a :class:`CountedInfoBatch`: the library's :class:`~leanbatch.InfoBatch` with
-  the arm's policy and seed, which also counts the steps and rows its ``update()`` trains.
-- Every other arm (the baseline, its budgets, batch-level selection) gets a :class:`KeepAll`: the
-  same calls (``sampler``, ``set_epoch``, ``update``, ``epoch``, ``progress``, ``num_epochs``,
-  ``weights``, ``next_indices``), every sample kept with weight 1, in a fresh uniformly random
-  order each epoch (``torch.randperm`` from a generator seeded by the arm's seed, one draw per
-  epoch; under torch.distributed each rank serves positions ``rank, rank + world, ...``).
+Every arm gets a :class:`CountedInfoBatch`: the library's :class:`~leanbatch.InfoBatch`, with the
+arm's seed, which also counts the steps and rows its ``update()`` trains. For a pruning arm it
+prunes by the arm's policy; for every other arm (the baseline, its budgets, batch-level selection)
+it keeps every sample with weight 1 (nothing pruned: ``update`` returns the plain mean), in the
+sampler's keyed random order, fresh each epoch (under torch.distributed rank ``r`` serves the
+positions ``r, r + world, ...``), and the arm's budget is a setting of that sampler
+(:meth:`~leanbatch.PrunedSampler.set_limit`: the samples each rank serves in an epoch).
 
 A :class:`Budget` is the arithmetic of the baseline's step and batch budgets (AlgoPerf's
 ``step_hint`` is the same idea: the steps a workload's schedule is laid over). With ``S`` the
@@ -32,13 +32,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 from torch import Tensor
-from torch.utils.data import Dataset, Sampler
 
 from leanbatch import InfoBatch
 
@@ -48,7 +46,6 @@ __all__ = [
     "Counts",
     "CountedInfoBatch",
     "HookMissing",
-    "KeepAll",
     "StudyError",
     "world_size",
 ]
@@ -166,100 +163,64 @@ class CountedInfoBatch(InfoBatch):
     """:class:`~leanbatch.InfoBatch`, counting the steps and rows its ``update()`` trains (``counts``);
     ``on_step(rows)`` hears of every step before it trains (the run's checks).
 
+    ``budget``: an arm that keeps every sample (nothing pruned, weight 1), with that budget: each
+    epoch's sampler serves :meth:`to_serve` samples on this rank, and what it trains is checked (see
+    the module docstring). ``batch_size()``: the loader's batch size once the task has asked
+    ``run.batch_size`` (None before); a budget needs it when an epoch is served.
+
     Example:
+        >>> import torch
         >>> ds = CountedInfoBatch(range(8), num_epochs=1, seed=0)
         >>> _ = ds.update(torch.ones(8), torch.tensor(list(ds.sampler)))
         >>> ds.counts.steps, ds.counts.rows
         (1, 8)
-    """
-
-    def __init__(self, *args: Any, on_step: Callable[[int], None] = lambda rows: None, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.counts, self._on_step = Counts(), on_step
-
-    def update(self, loss: Tensor, *args: Any, **kwargs: Any) -> Tensor:
-        indices = _indices_of(args, kwargs)
-        self._on_step(int(len(loss) if indices is None else len(indices)))
-        out = super().update(loss, *args, **kwargs)
-        self.counts.add(loss, indices)
-        return out
-
-
-class _Serving(Sampler[int]):
-    """:class:`KeepAll`'s sampler: this rank's share of the epoch's order, cut at the arm's budget."""
-
-    def __init__(self, data: KeepAll):
-        self.data = data
-
-    def __iter__(self) -> Iterator[int]:
-        return self.data.serve()
-
-    def __len__(self) -> int:
-        return self.data.to_serve(self.data.epoch)  # the epoch being served, or the next one
-
-    def set_epoch(self, epoch: int) -> None:
-        self.data.set_epoch(epoch)
-
-
-class KeepAll(Dataset):
-    """The data of an arm that keeps every sample: see the module docstring.
-
-    ``batch_size()`` returns the loader's batch size once the task has asked ``run.batch_size``
-    (None before); a budget needs it when an epoch is served.
-
-    Example:
-        >>> ds = KeepAll(list(range(10)), 2, seed=0, budget=Budget(steps=0.5), batch_size=lambda: 5)
+        >>> ds = CountedInfoBatch(range(10), 2, seed=0, budget=Budget(steps=0.5), batch_size=lambda: 5)
         >>> len(list(ds.sampler)), [float(ds.update(torch.tensor([1.0, 3.0, 2.0, 2.0, 2.0]))) for _ in range(2)]
         (10, [2.0, 2.0])
-        >>> ds.progress, ds.num_epochs, len(list(ds.sampler))
-        (1.0, 1, 0)
+        >>> ds.progress, ds.num_epochs, ds.served, len(list(ds.sampler))
+        (1.0, 1, {0: 10}, 0)
     """
 
     def __init__(
         self,
         dataset: Any,
         num_epochs: int,
-        *,
-        seed: int = 0,
-        budget: Budget = Budget(),
-        batch_size: Callable[[], int | None] = lambda: None,
+        *args: Any,
         on_step: Callable[[int], None] = lambda rows: None,
+        budget: Budget | None = None,
+        batch_size: Callable[[], int | None] = lambda: None,
+        **kwargs: Any,
     ):
-        self.dataset, self.seed, self.budget = dataset, seed, budget
-        self._num_epochs, self._batch_size, self._on_step = int(num_epochs), batch_size, on_step
-        self._samples = len(dataset)
-        self.sampler = _Serving(self)
-        self.counts = Counts()
-        self.served: dict[int, int] = {}  # samples served per epoch (this rank's)
-        self.exhausted = False  # the loader fetched the whole of the current epoch
-        self._next, self._current, self._trained_in_epoch = 0, -1, 0
-        self._epoch_steps, self._served_total, self._checked = 0, 0, -1
-        self._drawn: tuple[int, torch.Generator, Tensor] | None = None
+        if budget is not None:  # nothing pruned
+            args, kwargs = (0.0,), {**kwargs, "policy": "random"}
+        super().__init__(dataset, num_epochs, *args, **kwargs)
+        self.counts, self._on_step = Counts(), on_step
+        self.budget, self._batch_size, self._task_epochs = budget, batch_size, int(num_epochs)
+        self._cut: dict[int, int] = {}  # a budget's samples served in each epoch, this rank's
+        self._steps: dict[int, int] = {}  # steps trained in each epoch (an arm that keeps every sample)
+        self._checked = -1  # the latest epoch checked (end_epoch)
+        if budget is not None and budget.limited:
+            self.sampler.set_limit(self.to_serve)
 
-    # ------------------------------------------------------------------ the dataset
-    def __len__(self) -> int:
-        return self._samples
+    def update(self, loss: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        indices = _indices_of(args, kwargs)
+        rows = int(len(loss) if indices is None else len(indices))
+        self._on_step(rows)
+        if self.budget is not None:
+            if rows > self.sampler.left() and self.counts.rows + rows > (n := sum(self.served.values())):
+                raise StudyError(
+                    f"trained {self.counts.rows + rows} samples but its data served {n}: pass "
+                    "sampler=ds.sampler to the DataLoader (not shuffle=True)"
+                )
+            epoch = self.sampler.epoch
+            self._steps[epoch] = self._steps.get(epoch, 0) + 1
+        out = super().update(loss, *args, **kwargs)
+        self.counts.add(loss, indices)
+        return out
 
-    def __getitem__(self, index: int) -> Any:
-        return self.dataset[index]
-
-    def __getitems__(self, indices: list[int]) -> list[Any]:
-        many = getattr(self.dataset, "__getitems__", None)
-        return list(many(indices)) if callable(many) else [self.dataset[i] for i in indices]
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") or "dataset" not in self.__dict__:
-            raise AttributeError(name)
-        return getattr(self.__dict__["dataset"], name)
-
-    # ------------------------------------------------------------------ serving
-    def _world(self) -> tuple[int, int]:
-        import torch.distributed as dist
-
-        return (dist.get_rank(), world_size()) if world_size() > 1 else (0, 1)
-
+    # ------------------------------------------------------------------ an arm that keeps every sample
     def _share(self) -> int:
-        return math.ceil(self._samples / self._world()[1])
+        return math.ceil(len(self) / world_size())
 
     def _rows(self) -> int:
         size = self._batch_size()
@@ -271,79 +232,34 @@ class KeepAll(Dataset):
         return size
 
     def to_serve(self, epoch: int) -> int:
-        """Samples this arm serves in ``epoch`` (this process's share)."""
+        """Samples the arm serves in ``epoch`` (this process's share): what its sampler serves, fixed when
+        the epoch is first served (the epoch before checked first: its loader's steps may change the
+        budget's arithmetic), and the sampler's epochs then the budget's, if more."""
+        assert self.budget is not None, "to_serve() is an arm's that keeps every sample"
         if not self.budget.limited:
-            return self._share() if epoch < self._num_epochs else 0
-        return self.budget.served(epoch, self._share(), self._num_epochs, self._rows())
+            return self._share() if epoch < self._task_epochs else 0
+        if epoch not in self._cut:
+            self.end_epoch()
+            self._cut[epoch] = self.budget.served(epoch, self._share(), self._task_epochs, self._rows())
+            self.sampler.num_epochs = max(self._task_epochs, self.num_epochs)  # a budget above 1: more
+        return self._cut[epoch]
 
-    def _order(self, epoch: int) -> Tensor:
-        """Epoch ``epoch``'s order: the ``epoch + 1``-th ``randperm`` of the arm's generator, this rank's share."""
-        if self._drawn is None or self._drawn[0] > epoch:
-            gen = torch.Generator().manual_seed(self.seed)
-            self._drawn = (-1, gen, torch.empty(0, dtype=torch.int64))
-        at, gen, perm = self._drawn
-        for _ in range(epoch - at):
-            perm = torch.randperm(self._samples, generator=gen)
-        self._drawn = (epoch, gen, perm)
-        rank, world = self._world()
-        if world == 1:
-            return perm
-        padded = torch.cat([perm, perm[: self._share() * world - perm.numel()]])
-        return padded[rank::world]
-
-    def serve(self) -> Iterator[int]:
-        """The next epoch's indices (this rank's share, cut at the budget): what ``iter(ds.sampler)`` gives."""
-        self.end_epoch()  # the epoch before, if it was not checked at its run.log
-        epoch = self._next
-        self._next, self._current, self._trained_in_epoch, self._epoch_steps = epoch + 1, epoch, 0, 0
-        n = self.to_serve(epoch)
-        order = self._order(epoch)[:n].tolist()
-        self.served[epoch], self._served_total, self.exhausted = n, self._served_total + n, False
-        return self._yield(order)
-
-    def _yield(self, order: list[int]) -> Iterator[int]:
-        yield from order
-        self.exhausted = True  # the loader fetched the whole epoch
-
-    def set_epoch(self, epoch: int) -> None:
-        """Serve ``epoch`` (0-based) next."""
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
-        self._next = epoch
-
-    # ------------------------------------------------------------------ training
-    def update(
-        self, loss: Tensor, indices: Tensor | None = None, *, positions: Tensor | None = None
-    ) -> Tensor:
-        """The mean of ``loss`` (every sample weighs 1); counts one step of ``len(indices)`` rows
-        (``len(loss)`` without indices). ``positions``: the rows of the batch the losses are of."""
-        if not isinstance(loss, Tensor) or loss.ndim != 1 or not loss.is_floating_point():
-            raise ValueError(
-                "update() takes the per-sample loss: a 1-D float tensor, e.g. "
-                "F.cross_entropy(out, y, reduction='none')"
-            )
-        rows = int(loss.shape[0] if indices is None else len(indices))
-        self._on_step(rows)
-        if self.counts.rows + rows > self._served_total:
-            raise StudyError(
-                f"trained {self.counts.rows + rows} samples but its data served {self._served_total}: pass "
-                "sampler=ds.sampler to the DataLoader (not shuffle=True)"
-            )
-        self.counts.add(loss, indices)
-        self._trained_in_epoch += rows
-        self._epoch_steps += 1
-        return loss.mean()
+    @property
+    def served(self) -> dict[int, int]:
+        """Samples served in each epoch planned (this rank's), for an arm that keeps every sample."""
+        return {int(s["epoch"]): self.to_serve(int(s["epoch"])) for s in self.epoch_stats}
 
     def end_epoch(self) -> None:
-        """Check the epoch being trained, once, when it has ended (its sampler exhausted, or the next
-        begun): its steps are what its served samples make in batches of the arm's rows, or one fewer
-        when the loader drops a partial last batch (learned here, once); :class:`StudyError`
-        otherwise, for a budget arm."""
-        e = self._current
-        if e < 0 or self._checked == e or self._batch_size() is None:
+        """Check the epoch last trained, once, when the loader's pass over it is over: its steps are what
+        its served samples make in batches of the arm's rows, or one fewer when the loader drops a
+        partial last batch (learned here, once); :class:`StudyError` otherwise, for a budget arm."""
+        e = max(self._steps, default=-1)
+        if self.budget is None or e <= self._checked or self._batch_size() is None:
             return
+        if self.sampler.epoch == e and not self.sampler.ran_out:
+            return  # still being trained
         self._checked = e
-        n, rows, steps = self.served[e], self.budget.rows(self._rows()), self._epoch_steps
+        n, rows, steps = self.to_serve(e), self.budget.rows(self._rows()), self._steps[e]
         if steps == self.budget.steps_per_epoch(n, rows):
             return
         if not self.budget.drop_last and n % rows and steps == n // rows:
@@ -357,44 +273,26 @@ class KeepAll(Dataset):
             "batch_size=run.batch_size(B), sampler=ds.sampler, one update() per batch"
         )
 
-    def weights(self, indices: Tensor) -> Tensor:
-        """Every sample's loss weight: 1."""
-        return torch.ones(indices.shape, dtype=torch.float32, device=indices.device)
-
-    def next_indices(self, n: int) -> Tensor:
-        """Not kept by this wrapper: batches that need their indices carry them (``WithIndex``)."""
-        raise TypeError("this arm keeps every sample: take the batch's indices from the batch itself")
-
     @property
     def num_epochs(self) -> int:
         """Epochs the arm serves samples in (fewer than the task's for a budget below 1)."""
-        if not self.budget.limited or self._batch_size() is None:
-            return self._num_epochs
-        return self.budget.epochs(self._share(), self._num_epochs, self._rows())
+        budget = self.budget
+        if budget is None or not budget.limited or self._batch_size() is None:
+            return self._task_epochs
+        return budget.epochs(self._share(), self._task_epochs, self._rows())
 
     @property
     def total_steps(self) -> int | None:
         """The arm's steps when its length is fixed in steps (a budget), else None."""
-        if not self.budget.limited:
+        if self.budget is None or not self.budget.limited:
             return None
-        return self.budget.total_steps(self._share(), self._num_epochs, self._rows())
-
-    @property
-    def epoch(self) -> int:
-        """The epoch training stands in: the one being trained, or the next once it is trained."""
-        done = self._current < 0 or self._trained_in_epoch >= self.served.get(self._current, 0)
-        return self._next if done else self._current
+        return self.budget.total_steps(self._share(), self._task_epochs, self._rows())
 
     @property
     def progress(self) -> float:
-        """The fraction of the arm trained: steps / its steps with a budget, else by epochs and samples."""
+        """The fraction of the arm trained: steps / its steps with a budget, or once the loader is seen to
+        drop its partial last batches (its epochs' whole batches); else the sampler's."""
         total = self.total_steps
-        if total is not None:
-            return min(1.0, self.counts.steps / total)
-        if self._current < 0:
-            return 0.0
-        served = self.served.get(self._current, 0)
-        if self.budget.drop_last:  # the loader never trains a partial last batch
-            served -= served % self.budget.rows(self._rows())
-        part = min(1.0, self._trained_in_epoch / served) if served else 1.0
-        return min(1.0, (self._current + part) / self._num_epochs)
+        if total is None and self.budget is not None and self.budget.drop_last:
+            total = self._task_epochs * self.budget.steps_per_epoch(self._share(), self._rows())
+        return super().progress if total is None else min(1.0, self.counts.steps / total)

@@ -45,7 +45,6 @@ from leanbatch.engine.running.data import (
     ContractError,
     CountedInfoBatch,
     HookMissing,
-    KeepAll,
     StudyError,
     world_size,
 )
@@ -159,11 +158,11 @@ class Run:
         self._load = [_load_avg()]
 
     # ------------------------------------------------------------------ data
-    def wrap(self, dataset: Any, num_epochs: int, *, min_batch: int = 1) -> InfoBatch | KeepAll:
+    def wrap(self, dataset: Any, num_epochs: int, *, min_batch: int = 1) -> InfoBatch:
         """The arm's data over ``dataset`` for ``num_epochs`` epochs (starts the clock): an
-        :class:`~leanbatch.InfoBatch` with the arm's policy for a pruning arm, else a
-        :class:`~leanbatch.engine.running.data.KeepAll` (every sample, the arm's budget). Use it as an
-        InfoBatch: ``sampler=ds.sampler``, ``ds.set_epoch(epoch)``, ``ds.update(per_sample_loss)``.
+        :class:`~leanbatch.InfoBatch` with the arm's policy for a pruning arm, else one that keeps every
+        sample and serves the arm's budget (:class:`~leanbatch.engine.running.data.CountedInfoBatch`).
+        Use it as one: ``sampler=ds.sampler``, ``ds.set_epoch(epoch)``, ``ds.update(per_sample_loss)``.
         ``min_batch``: a last batch of an epoch with fewer rows is not trained (2 for BatchNorm).
         """
         self._bind(dataset, num_epochs)
@@ -175,7 +174,7 @@ class Run:
             )
         else:
             budget = Budget(self.arm.budget, self.arm.batch, self._min_batch)
-            self.data = KeepAll(
+            self.data = CountedInfoBatch(
                 dataset, num_epochs, seed=self.seed, budget=budget, batch_size=lambda: self._batch,
                 on_step=self._step,
             )  # fmt: skip
@@ -280,7 +279,7 @@ class Run:
         pruning arm's epochs are shorter: read ``ds.progress``). Needs ``run.wrap`` and ``run.batch_size``."""
         if not self.arm.limited:
             return None
-        if isinstance(self.data, KeepAll) and self._batch is not None:
+        if self._batch is not None and getattr(self.data, "budget", None) is not None:
             return self.data.total_steps  # the loader's own steps, once its first epoch showed them
         if self._sizes is None or self._batch is None:
             raise ContractError("run.total_steps needs run.wrap(...) and run.batch_size(...) first")
@@ -367,8 +366,8 @@ class Run:
             raise StudyError(
                 f"run.log(...) gave {', '.join(values)} but no {self.metric_name!r}: {self._name_it(values)}"
             )
-        if isinstance(self.data, KeepAll) and self.data.exhausted:
-            self.data.end_epoch()
+        if isinstance(self.data, CountedInfoBatch):
+            self.data.end_epoch()  # the epoch just trained, if the loader's pass over it is over
         counts = self._count()
         threshold, pruning = self._tally.plans(self.data, self._policy)
         self.epochs.append(

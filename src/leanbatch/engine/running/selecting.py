@@ -33,8 +33,8 @@ class Pick:
 
     Example:
         >>> import torch
-        >>> from leanbatch.engine.running.data import KeepAll
-        >>> ds, pick = KeepAll(list(range(4)), 1), Pick(torch.zeros(4, 2), None, None)
+        >>> from leanbatch.engine.running.data import Budget, CountedInfoBatch
+        >>> ds, pick = CountedInfoBatch(list(range(4)), 1, budget=Budget()), Pick(torch.zeros(4, 2), None, None)
         >>> served = list(ds.sampler)
         >>> float(pick.update(ds, torch.tensor([1.0, 2.0, 3.0, 6.0])))
         3.0

@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from leanbatch import InfoBatch
-from leanbatch.engine.running.data import KeepAll, world_size
+from leanbatch.engine.running.data import CountedInfoBatch, world_size
 
 __all__ = ["Tally", "histogram", "served", "snapshot_epochs"]
 
@@ -68,13 +68,14 @@ def served(data: Any, limited: bool) -> int:
     inside an epoch (``limited``): what it trained.
 
     Example:
-        >>> served(None, False), served(KeepAll(list(range(4)), 1), False)
+        >>> from leanbatch.engine.running.data import Budget
+        >>> served(None, False), served(CountedInfoBatch(list(range(4)), 1, budget=Budget()), False)
         (0, 0)
     """
+    if isinstance(data, CountedInfoBatch) and data.budget is not None:
+        return sum(data.served.values())
     if isinstance(data, InfoBatch) and not limited:  # its plans count every process's samples
         return sum(math.ceil(int(s["kept"]) / world_size()) for s in data.epoch_stats)
-    if isinstance(data, KeepAll):
-        return sum(data.served.values())
     return 0 if data is None else int(data.counts.rows)
 
 
@@ -116,8 +117,8 @@ class Tally:
     def plans(self, data: Any, policy: Any) -> tuple[float | None, bool | None]:
         """A pruning arm's latest plan (its threshold, whether it pruned); a histogram of the scores it
         was planned from when the epoch before kept them, and the scores of the next when it is one of
-        :func:`snapshot_epochs`. ``(None, None)`` for other arms."""
-        if not isinstance(data, InfoBatch) or not data.epoch_stats:
+        :func:`snapshot_epochs`. ``(None, None)`` for the others (``policy`` None)."""
+        if policy is None or not isinstance(data, InfoBatch) or not data.epoch_stats:
             return None, None
         stats = data.epoch_stats[-1]
         if self._snapshot is not None:
