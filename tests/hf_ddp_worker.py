@@ -3,10 +3,11 @@
 Trains a tiny Llama with InfoBatch and Selective Backprop stacked through the real Trainer
 and accelerate, then writes what this process saw to ``<out>/rank<r>.pt``.
 
-``python hf_ddp_worker.py OUT [SAVE_STEPS [RESUME_FROM]] [--fsdp] [--gpu]``: save a checkpoint
+``python hf_ddp_worker.py OUT [SAVE_STEPS [RESUME_FROM]] [--fsdp] [--gpu] [--packed]``: save a checkpoint
 every ``SAVE_STEPS`` steps (0: none), resume from the checkpoint folder ``RESUME_FROM``, ask
 accelerate for FSDP (which it ignores on the CPU: its FSDP needs GPUs), train on the GPUs
-(``benchmarks/gpu_fsdp.py --hf``). The scores are not merged by hand at the end: the trainer
+(``benchmarks/gpu_fsdp.py --hf``), or (``--packed``, no Selective Backprop) train padded then
+packed by ``DataCollatorWithFlattening`` in one launch, saving both. The scores are not merged by hand at the end: the trainer
 merges them.
 """
 
@@ -17,17 +18,28 @@ import sys
 import torch
 
 
-def main(
-    out: str, save_steps: int = 0, resume: str | None = None, fsdp: bool = False, gpu: bool = False
-) -> None:
-    torch.set_num_threads(1)
+def train(
+    out: str,
+    save_steps: int = 0,
+    resume: str | None = None,
+    fsdp: bool = False,
+    gpu: bool = False,
+    packed: bool = False,
+) -> tuple[dict, object]:
+    """One run; with ``packed``, without Selective Backprop (refused on packed rows), batches packed
+    by ``DataCollatorWithFlattening`` or padded (``packed="padded"``)."""
     from hf_setup import PadCollator, Recorder, instruction_data, params, tiny_model, training_args
+    from transformers import DataCollatorWithFlattening
 
     from leanbatch import InfoBatch, SelectiveBackprop
 
     data = instruction_data(30, seed=3)
     ds = InfoBatch(data, 3, prune_ratio=0.6, delta=0.67, seed=10, shard=False)
-    sb = SelectiveBackprop(start=0.3, end=0.9, keep=0.5, scale_factor=1.0, interrupt=2, seed=1)
+    sb = (
+        None
+        if packed
+        else SelectiveBackprop(start=0.3, end=0.9, keep=0.5, scale_factor=1.0, interrupt=2, seed=1)
+    )
     saving: dict = {"save_strategy": "steps", "save_steps": save_steps} if save_steps else {}
     if fsdp:
         saving.update(fsdp=True, fsdp_config={"transformer_layer_cls_to_wrap": ["LlamaDecoderLayer"]})
@@ -39,11 +51,12 @@ def main(
         use_cpu=not gpu,
         **saving,
     )
+    collator = DataCollatorWithFlattening() if packed is True else PadCollator()
     trainer = Recorder(
         model=tiny_model(0 if resume is None else 1),  # a resumed run must not depend on its initial weights
         args=args,
         train_dataset=ds,
-        data_collator=PadCollator(),
+        data_collator=collator,
         selective_backprop=sb,
     )
     trainer.train(resume_from_checkpoint=resume)
@@ -59,10 +72,29 @@ def main(
         "epoch": trainer.state.epoch,
         "global_step": trainer.state.global_step,
         "progress": ds.progress,
-        "selected_batches": sb.stats.selected_batches,
+        "selected_batches": None if sb is None else sb.stats.selected_batches,
         "carried": None if (c := trainer.score_carrier) is None else (c.carried_rows, c.gathered_rows),
     }
-    torch.save(result, f"{out}/rank{trainer.args.process_index}.pt")
+    return result, trainer
+
+
+def main(
+    out: str,
+    save_steps: int = 0,
+    resume: str | None = None,
+    fsdp: bool = False,
+    gpu: bool = False,
+    packed: bool = False,
+) -> None:
+    torch.set_num_threads(1)
+    if packed:  # the padded run, then the packed one, in one launch
+        padded, trainer = train(out + "/padded", packed="padded")  # type: ignore[arg-type]
+        del trainer
+        result, trainer = train(out, packed=True)
+        result["padded"] = padded
+    else:
+        result, trainer = train(out, save_steps, resume, fsdp, gpu)
+    torch.save(result, f"{out}/rank{trainer.args.process_index}.pt")  # type: ignore[attr-defined]
     import gc
 
     import torch.distributed as dist
@@ -75,10 +107,11 @@ def main(
 
 
 if __name__ == "__main__":
-    args = [a for a in sys.argv[1:] if a not in ("--fsdp", "--gpu")]
+    args = [a for a in sys.argv[1:] if a not in ("--fsdp", "--gpu", "--packed")]
     main(
         args[0],
         *(int(a) if a.isdigit() else a for a in args[1:]),  # type: ignore[arg-type]
         fsdp="--fsdp" in sys.argv,
         gpu="--gpu" in sys.argv,
+        packed="--packed" in sys.argv,
     )

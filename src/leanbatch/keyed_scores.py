@@ -262,7 +262,9 @@ class KeyedScoreTable(ScoreTable):
             [[1, 2, 3], [0.699999988079071, 1.0, 2.0]]
         """
         if self.tracks_variance:
-            raise ValueError("merge: a table with variance=True cannot be merged (its variances are not carried)")
+            raise ValueError(
+                "merge: a table with variance=True cannot be merged (its variances are not carried)"
+            )
         keys, values, stamps = (torch.cat([p[i].cpu() for p in parts]) for i in range(3))
         owner = torch.cat([torch.full((p[0].numel(),), r) for r, p in enumerate(parts)])
         order = torch.argsort(stamps, stable=True)
