@@ -225,8 +225,8 @@ class StreamInfoBatch:
         pass's updates times the world's samples per update (``world * `` the first batch's size).
         """
         if self.num_samples is not None:
-            within = self._steps * self._batch * world_size() if is_distributed() else self._in_pass
-            return min(1.0, (self._start + within) / self.num_samples)
+            done = self._steps * self._batch * world_size() if is_distributed() else self._in_pass
+            return min(1.0, (self._start + done) / self.num_samples)
         assert self.num_passes is not None
         within = min(1.0, self._steps / self._last_steps) if self._last_steps else 0.0
         return min(1.0, (self.current.index + within) / self.num_passes)
