@@ -63,7 +63,10 @@ def sharded_run(rank: int) -> dict:
 
     def build() -> tuple[StreamInfoBatch, StatefulDataLoader]:
         sib = StreamInfoBatch(hf_shard(rank), PASSES, key="id", delta=0.75, seed=0)
-        return sib, StatefulDataLoader(sib.dataset, batch_size=BATCH, num_workers=2)
+        # workers by fork, as under torchrun (a spawned rank would spawn them: seconds of imports each)
+        return sib, StatefulDataLoader(
+            sib.dataset, batch_size=BATCH, num_workers=2, multiprocessing_context="fork"
+        )
 
     sib, loader = build()
     kept, stats, saved = [], [], None
