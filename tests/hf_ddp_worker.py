@@ -14,20 +14,17 @@ merges them.
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import torch
 
 
-def train(
-    out: str,
-    save_steps: int = 0,
-    resume: str | None = None,
-    fsdp: bool = False,
-    gpu: bool = False,
-    packed: bool = False,
-) -> tuple[dict, object]:
-    """One run; with ``packed``, without Selective Backprop (refused on packed rows), batches packed
-    by ``DataCollatorWithFlattening`` or padded (``packed="padded"``)."""
+def train(out: str, batches: str = "stacked", **options: Any) -> tuple[dict, Any]:
+    """One run (``options``: ``main``'s). ``batches``: ``"stacked"``, padded with Selective Backprop
+    stacked; ``"padded"`` or ``"packed"`` (by ``DataCollatorWithFlattening``), InfoBatch alone
+    (Selective Backprop is refused on packed rows)."""
+    save_steps, resume = options.get("save_steps", 0), options.get("resume")
+    fsdp, gpu, packed = options.get("fsdp", False), options.get("gpu", False), batches != "stacked"
     from hf_setup import PadCollator, Recorder, instruction_data, params, tiny_model, training_args
     from transformers import DataCollatorWithFlattening
 
@@ -51,7 +48,7 @@ def train(
         use_cpu=not gpu,
         **saving,
     )
-    collator = DataCollatorWithFlattening() if packed is True else PadCollator()
+    collator = DataCollatorWithFlattening() if batches == "packed" else PadCollator()
     trainer = Recorder(
         model=tiny_model(0 if resume is None else 1),  # a resumed run must not depend on its initial weights
         args=args,
@@ -88,13 +85,13 @@ def main(
 ) -> None:
     torch.set_num_threads(1)
     if packed:  # the padded run, then the packed one, in one launch
-        padded, trainer = train(out + "/padded", packed="padded")  # type: ignore[arg-type]
+        padded, trainer = train(out + "/padded", "padded")
         del trainer
-        result, trainer = train(out, packed=True)
+        result, trainer = train(out, "packed")
         result["padded"] = padded
     else:
-        result, trainer = train(out, save_steps, resume, fsdp, gpu)
-    torch.save(result, f"{out}/rank{trainer.args.process_index}.pt")  # type: ignore[attr-defined]
+        result, trainer = train(out, save_steps=save_steps, resume=resume, fsdp=fsdp, gpu=gpu)
+    torch.save(result, f"{out}/rank{trainer.args.process_index}.pt")
     import gc
 
     import torch.distributed as dist

@@ -16,6 +16,9 @@ its state:
 returns the weighted mean. The weights are not carried with the batch: each key's weight is a
 pure function of the pass and the key, recomputed here from the keys.
 
+Under ``torch.distributed`` each rank reads its own part of the stream and the ranks merge their
+scores at each ``set_pass`` (docs/streams.md, "Several processes").
+
 Example:
     >>> import torch
     >>> from torch.utils.data import DataLoader
@@ -143,12 +146,15 @@ class StreamInfoBatch:
 
         Call it before each pass's ``iter(loader)`` (as ``DistributedSampler.set_epoch``); the
         Hugging Face Trainer calls it through ``dataset.set_epoch``. The source's own
-        ``set_epoch`` (a Hugging Face stream's shuffling) is called too.
+        ``set_epoch`` (a Hugging Face stream's shuffling) is called too. Under ``torch.distributed``
+        it is a collective, called on every rank: the ranks' settings are checked to agree, their
+        score tables merged and their counts summed (``_exchange``), so every rank freezes the
+        same pass.
         """
         index = check_int(index, "index", 0)
         if index == self.current.index:
             return
-        trained, steps = exchange(self, index) if is_distributed() else (self._in_pass, self._steps)
+        trained, steps = _exchange(self, index) if is_distributed() else (self._in_pass, self._steps)
         self._start, self._last_steps, self._in_pass, self._steps = self._start + trained, steps, 0, 0
         if self.prunes(index):
             keys, values = self.scores.items()  # one device-to-host copy per pass
@@ -278,7 +284,7 @@ class StreamInfoBatch:
         self._enter(current)
 
 
-def exchange(sib: StreamInfoBatch, index: int) -> tuple[int, int]:
+def _exchange(sib: StreamInfoBatch, index: int) -> tuple[int, int]:
     """Under ``torch.distributed``, at ``set_pass(index)`` on every rank (a collective): check the ranks
     agree (settings, passes), merge their score tables into one (the same on every rank, so every rank
     freezes the same pass) and return the finished pass's samples (all ranks) and updates (the most).
