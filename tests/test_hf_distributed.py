@@ -157,3 +157,27 @@ def test_accelerate_launch_trains_exactly_as_torchrun_and_its_fsdp_is_not_on_the
         assert x["wrapper"] == "DistributedDataParallel" and not x["fsdp"]
         assert (y["wrapper"], y["fsdp"]) == ("DistributedDataParallel", False)  # not sharded: DDP
         same_run(x, y)
+
+
+def test_packed_batches_on_two_processes_train_the_padded_runs_plans_scores_and_weights(tmp_path):
+    """``DataCollatorWithFlattening`` on 2 processes: each process packs the samples its batches
+    serve, so every packed sequence keeps its dataset index and its score lands on its sample. The
+    packed run trains what the padded 2-process run trains (one launch trains both): the same
+    global plans, batches on each process, weights and token counts, the scores to float precision."""
+    for packed in torchrun(tmp_path, "--packed"):
+        padded = packed["padded"]
+        assert packed["world"] == 2 and packed["carried"] is not None and min(packed["carried"]) > 0
+        assert [s["pruning"] for s in packed["epoch_stats"]] == [False, True, False]
+        assert packed["plans"] == padded["plans"]  # kept samples and their weights, every epoch
+        for a, b in zip(packed["epoch_stats"], padded["epoch_stats"], strict=True):
+            assert {**a, "threshold": None} == {**b, "threshold": None}
+        for key in ("indices", "kept", "weights", "num_items", "labels_kept", "step", "epoch"):
+            assert [m[key] for m in packed["micro"]] == [m[key] for m in padded["micro"]], key
+        assert {w for m in packed["micro"] for w in m["weights"]} == {1.0, 2.5}
+        # every sample's score (merged from both processes) is its padded score: none landed on another
+        torch.testing.assert_close(packed["scores"], padded["scores"], rtol=1e-5, atol=1e-6, equal_nan=True)
+        assert int(torch.isnan(packed["scores"]).sum()) == 1  # the example without a labelled token
+        torch.testing.assert_close(
+            [m["loss"] for m in packed["micro"]], [m["loss"] for m in padded["micro"]], rtol=1e-5, atol=1e-6
+        )
+        torch.testing.assert_close(packed["params"], padded["params"], rtol=0, atol=1e-3)  # Adam, lr 1e-2

@@ -140,3 +140,35 @@ def test_online_batch_selection_remembers_losses_by_key() -> None:
     fresh = torch.tensor([1, 2, 3, 4, 5, 6, 7, 10**12 + 1])  # never seen: +inf, the hardest
     sel = obs.select((x, x), progress=0.5, batch_idx=1, indices=fresh)
     assert 7 not in sel.positions.tolist()
+
+
+def part(table: KeyedScoreTable) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    state = table.state_dict()
+    return state["keys"], state["values"], state["stamps"]
+
+
+def test_merging_the_ranks_tables_keeps_each_keys_last_score_within_the_capacity() -> None:
+    """What set_pass does with every rank's table under DDP: the same union on every rank, per key
+    the score of the latest pass, the oldest forgotten past the capacity; a key two ranks trained in
+    the current pass is refused, nothing changed."""
+    ranks = [KeyedScoreTable(6), KeyedScoreTable(6)]
+    for t in ranks:
+        t.update(torch.tensor([1, 2, 3]), torch.tensor([1.0, 2.0, 3.0]))  # pass 0, on both (merged before)
+        t.clock = 1
+    ranks[0].update(torch.tensor([2, 7]), torch.tensor([20.0, 70.0]))  # pass 1: each rank its own keys
+    ranks[1].update(torch.tensor([3, 8, 9]), torch.tensor([30.0, 80.0, 90.0]))
+    ranks[1].update(torch.tensor([5]), torch.tensor([50.0]))
+    merged = [KeyedScoreTable(6), KeyedScoreTable(6)]
+    for t in merged:
+        t.clock = 1
+        t.merge([part(r) for r in ranks])
+    a, b = merged
+    assert [x.tolist() for x in a.items()] == [x.tolist() for x in b.items()]
+    keys, values = a.items()
+    assert keys.tolist() == [2, 3, 5, 7, 8, 9] and values.tolist() == [20.0, 30.0, 50.0, 70.0, 80.0, 90.0]
+    assert a.evicted == 1 and a.get(torch.tensor([1])).isnan().all()  # 7 keys, capacity 6: key 1 (pass 0) goes
+    ranks[1].update(torch.tensor([7]), torch.tensor([0.5]))  # both ranks trained key 7 in pass 1
+    before = [x.tolist() for x in a.items()]
+    with pytest.raises(ValueError, match="ranks 0 and 1 both trained key 7 in pass 1"):
+        a.merge([part(r) for r in ranks])
+    assert [x.tolist() for x in a.items()] == before

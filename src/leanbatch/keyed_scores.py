@@ -245,6 +245,49 @@ class KeyedScoreTable(ScoreTable):
             var.fill_(float("nan"))
             var[rows.to(var.device)] = kept
 
+    def merge(self, parts: list[tuple[Tensor, Tensor, Tensor]]) -> None:
+        """Hold the union of ``parts`` (each a table's ``keys``, ``values``, ``stamps``, as in
+        :meth:`state_dict`; one per rank): per key the score stored last (the largest stamp), the
+        oldest forgotten past the capacity (:meth:`put`'s rule), the same result on every rank.
+
+        A key stored at the current ``clock`` by two parts is refused: two ranks trained it in one pass.
+
+        Example:
+            >>> import torch
+            >>> t = KeyedScoreTable(capacity=4)
+            >>> t.clock = 1
+            >>> t.merge([(torch.tensor([1, 2]), torch.tensor([0.5, 1.0]), torch.tensor([0, 1])),
+            ...          (torch.tensor([1, 3]), torch.tensor([0.7, 2.0]), torch.tensor([1, 1]))])
+            >>> [x.tolist() for x in t.items()]
+            [[1, 2, 3], [0.699999988079071, 1.0, 2.0]]
+        """
+        if self.tracks_variance:
+            raise ValueError(
+                "merge: a table with variance=True cannot be merged (its variances are not carried)"
+            )
+        keys, values, stamps = (torch.cat([p[i].cpu() for p in parts]) for i in range(3))
+        owner = torch.cat([torch.full((p[0].numel(),), r) for r, p in enumerate(parts)])
+        order = torch.argsort(stamps, stable=True)
+        order = order[torch.argsort(keys[order], stable=True)]  # by key, then stamp
+        keys, values, stamps, owner = keys[order], values[order], stamps[order], owner[order]
+        now = torch.nonzero(stamps == self.clock).squeeze(1)
+        twice = now[1:][keys[now[1:]] == keys[now[:-1]]]
+        if twice.numel():
+            at = int(twice[0])
+            raise ValueError(
+                f"keys: ranks {int(owner[at - 1])} and {int(owner[at])} both trained key {int(keys[at])} in pass "
+                f"{self.clock}: a key names one sample, seen once a pass; each rank must read its own shard of "
+                "the stream (datasets.distributed.split_dataset_by_node, or a generator of the rank's part)"
+            )
+        last = torch.ones(keys.shape, dtype=torch.bool)
+        last[:-1] = keys[1:] != keys[:-1]
+        keys, values, stamps = keys[last], values[last], stamps[last]
+        if keys.numel() > self.capacity:  # the oldest go: smallest stamp, then key (keys are sorted)
+            keep = torch.sort(torch.argsort(stamps, stable=True)[keys.numel() - self.capacity :]).values
+            self.evicted += keys.numel() - self.capacity
+            keys, values, stamps = keys[keep], values[keep], stamps[keep]
+        self._rebuild(keys, stamps.to(torch.int32), values, None, None)
+
     # ------------------------------------------------------------------ reads
     def get(self, indices: Tensor) -> Tensor:
         """Scores of the keys ``indices`` (NaN where never scored or forgotten), on the table's device."""

@@ -16,6 +16,9 @@ its state:
 returns the weighted mean. The weights are not carried with the batch: each key's weight is a
 pure function of the pass and the key, recomputed here from the keys.
 
+Under ``torch.distributed`` each rank reads its own part of the stream and the ranks merge their
+scores at each ``set_pass`` (docs/streams.md, "Several processes").
+
 Example:
     >>> import torch
     >>> from torch.utils.data import DataLoader
@@ -38,11 +41,13 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from leanbatch.checks import check_int, check_per_sample_loss, check_ratio, check_real, check_seed, require
 from leanbatch.keyed_scores import KeyedScoreTable, check_keys
 from leanbatch.policies.base import pruning_epochs
+from leanbatch.ranks import is_distributed, world_size
 from leanbatch.stream_data import KeySpec, PrunedStream
 from leanbatch.stream_pass import StreamPass
 
@@ -110,9 +115,10 @@ class StreamInfoBatch:
         self.dataset = PrunedStream(stream, key, transform)
         self.dataset.on_epoch = self.set_pass
         self.current = self.dataset.current = StreamPass.keep_all(0, self.seed)
-        self._trained = 0  # samples trained, all passes
-        self._in_pass = 0  # samples trained this pass
-        self._last_pass = 0  # samples the last finished pass trained (for progress within a pass)
+        self._start = 0  # samples trained before this pass (by every rank)
+        self._in_pass = self._steps = 0  # samples and updates of this pass (this rank's)
+        self._last_steps = 0  # the last finished pass's updates (the most any rank made)
+        self._batch = 0  # this rank's first batch's size (the samples per update, per rank, under DDP)
 
     # ------------------------------------------------------------------ passes
     @property
@@ -133,24 +139,28 @@ class StreamInfoBatch:
         if self.num_passes is not None:
             return index < pruning_epochs(self.num_passes, self.delta)
         assert self.num_samples is not None
-        return self._trained < self.delta * self.num_samples
+        return self._start + self._in_pass < self.delta * self.num_samples
 
     def set_pass(self, index: int) -> None:
         """Start pass ``index``: freeze the scores for it (once: the same pass again changes nothing).
 
         Call it before each pass's ``iter(loader)`` (as ``DistributedSampler.set_epoch``); the
         Hugging Face Trainer calls it through ``dataset.set_epoch``. The source's own
-        ``set_epoch`` (a Hugging Face stream's shuffling) is called too.
+        ``set_epoch`` (a Hugging Face stream's shuffling) is called too. Under ``torch.distributed``
+        it is a collective, called on every rank: the ranks' settings are checked to agree, their
+        score tables merged and their counts summed (``_exchange``), so every rank freezes the
+        same pass.
         """
         index = check_int(index, "index", 0)
         if index == self.current.index:
             return
+        trained, steps = _exchange(self, index) if is_distributed() else (self._in_pass, self._steps)
+        self._start, self._last_steps, self._in_pass, self._steps = self._start + trained, steps, 0, 0
         if self.prunes(index):
             keys, values = self.scores.items()  # one device-to-host copy per pass
             current = StreamPass.freeze(index, self.seed, keys, values, self.prune_ratio)
         else:
             current = StreamPass.keep_all(index, self.seed)
-        self._last_pass, self._in_pass = self._in_pass, 0
         self._enter(current)
 
     def _enter(self, current: StreamPass) -> None:
@@ -189,8 +199,9 @@ class StreamInfoBatch:
                 "of sib.dataset, and call set_pass(p) before iter(loader) for each pass"
             )
         self.scores.put(keys, loss, rows)
-        self._trained += n
         self._in_pass += n
+        self._steps += 1
+        self._batch = self._batch or n
         w = w.to(loss.device, non_blocking=True).mul_(1.0 / max(n, 1))  # an empty batch: 0
         return (loss.float() * w).sum()
 
@@ -214,19 +225,23 @@ class StreamInfoBatch:
         """The fraction of training done, for :class:`~leanbatch.ProgressLR` and selection windows.
 
         With ``num_samples``: samples trained over the budget. With ``num_passes``: passes done,
-        plus this pass's share measured by the last pass's length (0 in the first pass).
+        plus this pass's share measured in updates by the last pass's (0 in the first pass).
+        Under ``torch.distributed`` it is the same on every rank at every step (ranks update in
+        lockstep): the samples of the passes before this one, counted on every rank, plus this
+        pass's updates times the world's samples per update (``world * `` the first batch's size).
         """
         if self.num_samples is not None:
-            return min(1.0, self._trained / self.num_samples)
+            done = self._steps * self._batch * world_size() if is_distributed() else self._in_pass
+            return min(1.0, (self._start + done) / self.num_samples)
         assert self.num_passes is not None
-        within = min(1.0, self._in_pass / self._last_pass) if self._last_pass else 0.0
+        within = min(1.0, self._steps / self._last_steps) if self._last_steps else 0.0
         return min(1.0, (self.current.index + within) / self.num_passes)
 
     def stats(self) -> dict[str, Any]:
         """Counts: trained (all passes, this pass), keys scored and forgotten, the pass's threshold."""
         return {
             "pass": self.current.index,
-            "trained": self._trained,
+            "trained": self._start + self._in_pass,
             "trained_in_pass": self._in_pass,
             "keys": self.scores.count,
             "evicted": self.scores.evicted,
@@ -243,15 +258,18 @@ class StreamInfoBatch:
         return {
             "scores": self.scores.state_dict(),
             "pass": self.current.state_dict(),
-            "trained": self._trained,
+            "trained": self._start + self._in_pass,
             "in_pass": self._in_pass,
-            "last_pass": self._last_pass,
+            "steps": self._steps,
+            "last_steps": self._last_steps,
+            "batch": self._batch,
             "prune_ratio": self.prune_ratio,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` (checked first); the stream continues the saved pass."""
-        saved = require(state, ("scores", "pass", "trained", "in_pass", "last_pass"), "state_dict")
+        names = ("trained", "in_pass", "steps", "last_steps", "batch")
+        saved = require(state, ("scores", "pass", *names), "state_dict")
         current = StreamPass.from_state(saved["pass"])
         if current.seed != self.seed or saved.get("prune_ratio") != self.prune_ratio:
             raise ValueError(
@@ -259,7 +277,45 @@ class StreamInfoBatch:
                 f"StreamInfoBatch has seed={self.seed}, prune_ratio={self.prune_ratio}: build it with the saved "
                 "ones, or the resumed pass would decide differently"
             )
-        counts = [check_int(saved[k], f"state_dict[{k!r}]", 0) for k in ("trained", "in_pass", "last_pass")]
+        trained, *counts = [check_int(saved[k], f"state_dict[{k!r}]", 0) for k in names]
         self.scores.load_state_dict(saved["scores"])
-        self._trained, self._in_pass, self._last_pass = counts
+        self._in_pass, self._steps, self._last_steps, self._batch = counts
+        self._start = trained - self._in_pass
         self._enter(current)
+
+
+def _exchange(sib: StreamInfoBatch, index: int) -> tuple[int, int]:
+    """Under ``torch.distributed``, at ``set_pass(index)`` on every rank (a collective): check the ranks
+    agree (settings, passes), merge their score tables into one (the same on every rank, so every rank
+    freezes the same pass) and return the finished pass's samples (all ranks) and updates (the most).
+    """
+    settings = {
+        "seed": sib.seed,
+        "prune_ratio": sib.prune_ratio,
+        "delta": sib.delta,
+        "num_passes": sib.num_passes,
+        "num_samples": sib.num_samples,
+        "capacity": sib.scores.capacity,
+        "pass": sib.current.index,
+        "set_pass": index,
+    }
+    table = sib.scores.state_dict()
+    mine = (settings, (table["keys"], table["values"], table["stamps"]), sib._in_pass, sib._steps, sib._batch)
+    parts: list[Any] = [None] * world_size()
+    dist.all_gather_object(parts, mine)
+    for r, (theirs, *_) in enumerate(parts):
+        wrong = {k: (v, theirs[k]) for k, v in parts[0][0].items() if theirs[k] != v}
+        if wrong:
+            raise ValueError(
+                f"StreamInfoBatch: rank {r} differs from rank 0 in {', '.join(wrong)} (rank 0's, rank {r}'s: "
+                f"{list(wrong.values())}): build it with the same arguments on every rank, and call "
+                "set_pass(p) on every rank before each pass (the ranks merge their scores there)"
+            )
+    batches = {p[4] for p in parts if p[4]}
+    if sib.num_samples is not None and len(batches) > 1:
+        raise ValueError(
+            f"StreamInfoBatch: the ranks train batches of {sorted(batches)} samples: give every rank's "
+            "loader the same batch_size (progress counts every rank's samples per update alike)"
+        )
+    sib.scores.merge([p[1] for p in parts])
+    return sum(p[2] for p in parts), max(p[3] for p in parts)
