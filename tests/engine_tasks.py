@@ -178,7 +178,7 @@ NOISE: dict[str, float] = {}  # label -> seconds slept in every training step (t
 TRAINED: dict[str, list[int]] = {}  # label -> the steps each of its epochs trained, as the task counts them
 
 
-def _fit(run, batch_size, *, drop_last=False, every=1, name="metric"):  # type: ignore[no-untyped-def]
+def _fit(run, batch_size, *, drop_last=False, every=1, name="metric", reduction="none"):  # type: ignore[no-untyped-def]
     """``train``'s loop over ``ds.num_epochs``, counting its own steps (``TRAINED``) and sleeping
     ``NOISE[run.label]`` in each: every ``every``-th batch trained, the accuracy logged as ``name``."""
     torch.manual_seed(run.seed)
@@ -194,7 +194,7 @@ def _fit(run, batch_size, *, drop_last=False, every=1, name="metric"):  # type: 
         for i, (x, y) in enumerate(loader):
             if i % every:
                 continue
-            loss = ds.update(F.cross_entropy(model(x), y, reduction="none"))
+            loss = ds.update(F.cross_entropy(model(x), y, reduction=reduction))
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -226,6 +226,11 @@ def hard_coded_batch(run):  # type: ignore[no-untyped-def]
 def skips_batches(run):  # type: ignore[no-untyped-def]
     """Trains every other batch: no budget can be trained by its steps."""
     return _fit(run, run.batch_size(32), every=2)
+
+
+def mean_loss(run):  # type: ignore[no-untyped-def]
+    """Hands update() the batch's mean loss, not one loss per sample (the commonest slip)."""
+    return _fit(run, run.batch_size(32), reduction="mean")
 
 
 def drops_last(run):  # type: ignore[no-untyped-def]

@@ -57,6 +57,7 @@ def _loaded(path: Path) -> ModuleType:
             "trained a batch of 32 rows where run.batch_size(32) gave 16: build the DataLoader",
         ),
         ("skips_batches", "epoch 0 trained 12 steps where its 384 samples make 24 batches of 16"),
+        ("mean_loss", "update(): loss is a scalar: pass per-sample losses, e.g. F.cross_entropy("),
     ],
 )
 def test_a_shared_breach_stops_the_study_in_the_first_arms_first_epoch(

@@ -39,6 +39,7 @@ from typing import Any
 from torch import Tensor
 
 from leanbatch import InfoBatch
+from leanbatch.checks import check_per_sample_loss
 
 __all__ = [
     "Budget",
@@ -203,7 +204,20 @@ class CountedInfoBatch(InfoBatch):
             self.sampler.set_limit(self.to_serve)
 
     def update(self, loss: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+        """:meth:`InfoBatch.update`, counted; a call the library refuses (a reduced loss, indices
+        that do not match the batch, ...) breaks the contract every arm shares, so it stops the study
+        (:class:`StudyError`, the library's own message) instead of failing each arm in turn."""
+        try:
+            return self._counted_update(loss, *args, **kwargs)
+        except ContractError:
+            raise
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise StudyError(f"update(): {e}") from e
+
+    def _counted_update(self, loss: Tensor, *args: Any, **kwargs: Any) -> Tensor:
         indices = _indices_of(args, kwargs)
+        if type(loss) is not Tensor or loss.dim() != 1:
+            check_per_sample_loss(loss)  # raises, naming the fix, before anything is counted
         rows = int(len(loss) if indices is None else len(indices))
         self._on_step(rows)
         if self.budget is not None:
