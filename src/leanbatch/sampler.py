@@ -19,22 +19,14 @@ from torch.utils.data import Sampler
 
 from leanbatch.checks import check_bool, check_int, check_seed
 from leanbatch.distributed.exchange import ScoreExchange, merge_scores
-from leanbatch.epochs import check_agreement, plan_epoch, warn_past_end, warn_skipped, warn_stale_len
+from leanbatch.epochs import check_agreement, misuse, plan_epoch, warn_past_end, warn_skipped, warn_stale_len
 from leanbatch.ledger import Fetches, Iteration, Step, front
 from leanbatch.policies.base import Policy
 from leanbatch.policies.parts import Comm
 from leanbatch.policies.plan import Plan
 from leanbatch.progress import Position, training_progress
 from leanbatch.ranks import is_distributed, world_and_rank
-from leanbatch.sampler_state import (
-    Limit,
-    check_layout,
-    check_limit,
-    misuse,
-    read_state,
-    served_length,
-    write_state,
-)
+from leanbatch.sampler_state import Limit, check_layout, check_limit, read_state, served_length, write_state
 from leanbatch.scores import ScoreTable
 
 __all__ = ["PrunedSampler"]
@@ -338,9 +330,10 @@ class PrunedSampler(Sampler[int]):
             self.prepare(n, indices=True, batch=True, what="update(loss) without indices")
         assert it is not None
         self.fetches.check_batch(it, n)  # checked against the batch fetched, before anything changes
-        step = Step(it.plan, it.train(n), it.scored(n))
-        if it.account is not None:  # an earlier update named its indices
-            it.account.train(step.indices)
+        scored = it.scored(n)
+        step = Step(it.plan, it.train(n), scored)
+        if it.account is not None:  # an earlier update named its indices: these count as trained
+            it.record(step.indices, 0)
         self._marked(it, n, gathered)
         return step
 
@@ -363,9 +356,8 @@ class PrunedSampler(Sampler[int]):
         """Mark the next ``n`` served samples trained (after their scores were stored). ``gathered``:
         their scores reached every rank (:meth:`store`); otherwise, when the epoch ends here, the
         ranks' scores are merged (every rank trains its last sample at the same step). ``indices``:
-        the dataset indices the update named, counted to be checked against those served when the
-        iteration ends (:mod:`leanbatch.accounts`; not with ``shard=False`` under DDP: a rank trains
-        a share of what it served)."""
+        those the update named, checked against those served at the iteration's end (not with
+        ``shard=False`` under DDP, where a rank trains a share of what it served)."""
         it = self._serving(n, "commit")
         if it is not None:
             it.record(indices if self.shard or not self._distributed else None, self.scores.num_samples)
@@ -407,10 +399,10 @@ class PrunedSampler(Sampler[int]):
             if epoch != self._cursor[0]:
                 self._cursor = (epoch, 0)
         elif epoch != it.epoch or it.ran_out or it.done:
-            gone, self._its, self._cursor = self._its, deque(), (epoch, 0)
             self.merge()  # on every rank before a check can raise
-            for x in gone:
-                x.close()  # the indices trained: part of those served
+            while self._its:
+                self._its.popleft().close()  # the indices trained must be part of those served
+            self._cursor = (epoch, 0)
         self.merge()
 
     def merge(self) -> None:

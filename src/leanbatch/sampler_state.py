@@ -3,7 +3,6 @@ from outside.
 
 - :func:`check_layout`: its data-parallel arguments (``ValueError``/``TypeError`` naming the wrong one).
 - :func:`check_limit`, :func:`served_length`: the cut of an epoch (``set_limit``).
-- :func:`misuse`: the messages for a loop that updates what the sampler did not serve.
 - :func:`write_state` / :func:`read_state`: its state (epoch, global position, the epoch's plan, the
   statistics, the seed), read back checking every key before anything changes: a checkpoint is data
   from outside, and a wrong one must fail with the key that is wrong.
@@ -211,30 +210,3 @@ def served_length(
             )
         order_length = min(order_length, cut * world)
     return local_length(order_length, start, world, round_size, drop_last)
-
-
-def misuse(kind: str, what: str, *args: Any) -> str:
-    """The message for ``what`` (an update, a commit) that the sampler cannot place: ``"epochs over"``
-    (``num_epochs``), ``"not served"`` (``n``, the samples in flight) or ``"no batch"`` (``fetched``:
-    a batch was fetched through the dataset).
-
-    Example:
-        >>> misuse("epochs over", "update(loss)", 3)[:45]
-        'update(loss): all 3 epochs are trained (num_e'
-    """
-    if kind == "epochs over":
-        return (
-            f"{what}: all {args[0]} epochs are trained (num_epochs={args[0]}); build the wrapper with "
-            "num_epochs= the number of epochs you train"
-        )
-    if kind == "not served":
-        return (
-            f"{what}: {args[0]} samples but the sampler has served only {args[1]} samples not yet updated: "
-            "call update() once per batch with one loss per sample (reduction='none'), or pass "
-            "positions= for a selected subset of the batch"
-        )
-    return (
-        f"{what} found no batch served by this sampler: build the DataLoader with sampler=ds.sampler "
-        "(not shuffle=True, which serves the epoch's samples unpruned and freezes progress inside each "
-        "epoch) and iterate it" + ("" if args[0] else ", or pass the batch's indices: update(loss, indices)")
-    )
