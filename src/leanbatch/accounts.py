@@ -84,8 +84,8 @@ class IndexAccount:
         trained, served = self.trained.cpu(), self.served
         if torch.equal(trained, served) if whole and self.exact else bool((trained <= served).all()):
             return
-        wrong = (trained != served) if whole and self.exact else (trained > served)
-        i = int(wrong.nonzero()[0, 0])
+        over = (trained > served).nonzero()  # named more often than served: the likeliest culprit
+        i = int((over if len(over) else (trained < served).nonzero())[0, 0])
         raise ValueError(
             f"update(loss, indices) was given indices that epoch {epoch} did not serve on this rank: "
             f"dataset index {i} was named {int(trained[i])} times by the updates and served "
