@@ -101,6 +101,7 @@ def test_a_batch_sampler_that_regroups_each_epoch_trains_right_with_the_batches_
 ) -> None:
     """Any regrouping of the served indices (here all of the epoch's, at random) is the same multiset."""
     ds = wrapper()
+    ds.sampler.chunk_size = 5  # served in chunks, most of them after the epoch's first update
     for epoch in range(3):
         ds.set_epoch(epoch)
         sampler = Shuffled(ds.sampler, BATCH) if not drop_last else ds.sampler
@@ -124,6 +125,7 @@ def test_workers_reading_ahead_across_epochs_train_right_and_a_wrong_index_is_st
     """Two workers and a consumer two batches ahead: epoch e + 1 is served before epoch e is trained;
     each update belongs to the epoch that served it, and one wrong index in epoch 1 is refused there."""
     ds = wrapper()
+    ds.sampler.chunk_size = 5  # served in chunks, most of them after the epoch's first update
     loader = DataLoader(ds, batch_size=BATCH, sampler=ds.sampler, num_workers=2, prefetch_factor=2)
     epochs = itertools.chain.from_iterable(((e, b) for b in loader) for e in range(3))
     trained = []
@@ -194,6 +196,7 @@ def test_a_step_budget_and_selected_rows_count_the_whole_batchs_indices() -> Non
     for wrong in (False, True):
         ds = wrapper()
         ds.sampler.set_limit(lambda epoch: [N, 20, 12][epoch])
+        ds.sampler.chunk_size = 5  # served as the batches are fetched, most after the epoch's first update
         try:
             for epoch in range(3):
                 ds.set_epoch(epoch)
