@@ -29,8 +29,8 @@ Example:
     >>> try:
     ...     bad.close(epoch=0, whole=True)
     ... except ValueError as e:
-    ...     print(str(e)[:73])
-    update(loss, indices) was given indices that epoch 0 did not serve on this
+    ...     print(str(e).split("rank: ")[1].split(",")[0])
+    dataset index 0 was named 1 times by the updates and served 0 times
 """
 
 from __future__ import annotations
