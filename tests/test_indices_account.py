@@ -208,3 +208,34 @@ def test_a_step_budget_and_selected_rows_count_the_whole_batchs_indices() -> Non
             assert wrong and "epoch 2 did not serve" in str(e)
         else:
             assert not wrong and ds.progress == 1.0
+
+
+def _ranks_body(rank: int, out: str) -> None:
+    """Each rank trains its own share (45 samples: the last round padded), plain and sharded tables;
+    then both ranks name rows of the batch instead of its indices."""
+    results: dict[str, Any] = {}
+    for name, options in (("plain", {}), ("sharded", {"shard_scores": True})):
+        ds = InfoBatch(data(45), num_epochs=3, prune_ratio=0.5, delta=0.67, seed=0, **options)
+        for epoch in range(3):
+            ds.set_epoch(epoch)
+            for _, idx in DataLoader(ds, batch_size=4, sampler=ds.sampler):
+                ds.update(own_loss(idx), idx)
+        results[name] = (ds.progress, ds.epoch_stats[-1]["padded"], ds.epoch_stats[1]["pruning"])
+    ds = InfoBatch(data(45), num_epochs=3, seed=0)
+    try:
+        for _, idx in DataLoader(ds, batch_size=4, sampler=ds.sampler):
+            ds.update(own_loss(idx), torch.arange(len(idx)))
+    except ValueError as e:
+        results["wrong"] = str(e)
+    ds.scores.flush()
+    torch.save(results, f"{out}/rank{rank}.pt")
+
+
+def test_each_rank_checks_its_own_share_plain_and_sharded_and_refuses_wrong_indices(tmp_path: Any) -> None:
+    from ranks import in_process_group, spawn_ranks
+
+    spawn_ranks(in_process_group, (2, str(tmp_path / "init"), _ranks_body, str(tmp_path)), 2)
+    for rank in range(2):
+        got = torch.load(tmp_path / f"rank{rank}.pt")
+        assert got["plain"] == (1.0, 1, True) and got["sharded"][0] == 1.0 and got["sharded"][2]
+        assert "epoch 0 did not serve on this rank" in got["wrong"]
