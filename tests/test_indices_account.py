@@ -12,12 +12,12 @@ the wrong sample shows.
 from __future__ import annotations
 
 import itertools
-from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import torch
+from test_exactness import ahead  # batch b trained once b + 1 .. b + k are fetched
 from torch import Tensor
 from torch.utils.data import DataLoader, Sampler, TensorDataset
 
@@ -56,16 +56,6 @@ class Shuffled(Sampler[list[int]]):
 
     def __len__(self) -> int:
         return -(-len(self.sampler) // self.batch_size)  # type: ignore[arg-type]
-
-
-def read_ahead(batches: Iterable[Any], depth: int) -> Iterator[Any]:
-    """Yield ``batches`` while holding ``depth`` more already fetched (accelerate, Lightning's loop)."""
-    held: deque[Any] = deque()
-    for batch in batches:
-        held.append(batch)
-        if len(held) > depth:
-            yield held.popleft()
-    yield from held
 
 
 @pytest.mark.parametrize("workers", [0, 2])
@@ -131,7 +121,7 @@ def test_workers_reading_ahead_across_epochs_train_right_and_a_wrong_index_is_st
     trained = []
 
     def run() -> None:
-        for epoch, (_, idx) in read_ahead(epochs, depth=2):
+        for epoch, (_, idx) in ahead(epochs, 2):
             if wrong and epoch == 1 and len(trained) == 7:
                 idx = (idx + 1) % N  # an id column off by one
             trained.append(epoch)
@@ -152,7 +142,7 @@ def test_a_resumed_epoch_checks_what_it_trains_after_the_resume_and_never_false_
     the resumed iteration serves from the saved position, and its account starts there."""
     ds = wrapper()
     loader = DataLoader(ds, batch_size=BATCH, sampler=ds.sampler, num_workers=2)
-    batches = read_ahead(itertools.chain.from_iterable(loader for _ in range(3)), depth=1)
+    batches = ahead(itertools.chain.from_iterable(loader for _ in range(3)), 1)
     for _, idx in itertools.islice(batches, N // BATCH + 2):  # epoch 0, and 2 batches of epoch 1
         ds.update(own_loss(idx), idx)
     state = ds.state_dict()
