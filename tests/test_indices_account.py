@@ -85,6 +85,18 @@ def test_one_batch_updated_twice_is_refused_by_the_end_of_the_epoch(workers: int
     assert ds.position.epoch == 1
 
 
+def test_indices_of_the_wrong_length_every_batch_are_refused_early_in_the_next_epoch() -> None:
+    """3 of each batch's 4 indices (and 3 losses): the ledger's place drifts from the loader's batches."""
+    ds = InfoBatch(TensorDataset(torch.arange(16.0), torch.arange(16)), 3, prune_ratio=0.0, policy="random")
+    steps = []
+    with pytest.raises(ValueError, match=r"epoch 0 did not serve.*\(before the epoch was left\)"):
+        for epoch in range(3):
+            for _, idx in DataLoader(ds, batch_size=4, sampler=ds.sampler):
+                steps.append(epoch)
+                ds.update(own_loss(idx[:3]), idx[:3])
+    assert steps == [0, 0, 0, 0, 1, 1]  # epoch 0 had 4 samples left: the first of epoch 1 went there
+
+
 @pytest.mark.parametrize("workers, drop_last", [(0, False), (2, False), (2, True)])
 def test_a_batch_sampler_that_regroups_each_epoch_trains_right_with_the_batches_indices(
     workers: int, drop_last: bool
