@@ -166,9 +166,7 @@ def test_merging_the_ranks_tables_keeps_each_keys_last_score_within_the_capacity
     assert [x.tolist() for x in a.items()] == [x.tolist() for x in b.items()]
     keys, values = a.items()
     assert keys.tolist() == [2, 3, 5, 7, 8, 9] and values.tolist() == [20.0, 30.0, 50.0, 70.0, 80.0, 90.0]
-    assert (
-        a.evicted == 1 and a.get(torch.tensor([1])).isnan().all()
-    )  # 7 keys, capacity 6: key 1 (pass 0) goes
+    assert a.evicted == 1 and a.get(torch.tensor([1])).isnan().all()  # 7 keys, capacity 6: key 1 (pass 0) goes
     ranks[1].update(torch.tensor([7]), torch.tensor([0.5]))  # both ranks trained key 7 in pass 1
     before = [x.tolist() for x in a.items()]
     with pytest.raises(ValueError, match="ranks 0 and 1 both trained key 7 in pass 1"):
