@@ -378,7 +378,7 @@ def _update_indexed(sampler: PrunedSampler, loss: Tensor, indices: Any, position
         sampler.store(idx, scores)
     else:
         sampler.store(idx, loss)
-    sampler.commit(n, gathered=True)
+    sampler.commit(n, gathered=True, indices=indices)  # checked against those served at the epoch's end
     return _weighted_mean(loss, w)
 
 

@@ -3,9 +3,9 @@
 Loaders read ahead (worker processes, Lightning's prefetching loop, accelerate's one batch
 ahead), so the samples a sampler has served run ahead of those an update has trained.
 :class:`Iteration` keeps one ``iter()``'s served dataset indices in order, in the chunks they
-were made in, and drops a chunk once it has been trained to its end. Counts are this rank's
-(local); :class:`~leanbatch.progress.Position` is where they leave training in the epoch's
-global order. The :class:`~leanbatch.PrunedSampler` owns them.
+were made in, dropping a chunk once trained to its end; its account (:mod:`leanbatch.accounts`)
+checks the indices updates named against those served. Counts are this rank's (local);
+:class:`~leanbatch.progress.Position` places them in the epoch's global order.
 
 :class:`Fetches` holds the :data:`Key` (size, first and last dataset index) of every batch a
 ``DataLoader`` fetched through ``InfoBatch.__getitems__``: queued in this process, or, from a
@@ -13,10 +13,9 @@ worker process, written into one pipe this process reads (:class:`_Pipe`). An up
 indices must train a fetched batch (:meth:`Fetches.check_batch`), so a loss of the wrong length,
 a second update of one batch or a batch sampler that regroups the served indices fails before a
 score lands on a wrong sample; fetches no update trains (evaluation) are dropped. The pipe is
-correct by construction: a key is one write of 24 bytes, atomic (POSIX: at most ``PIPE_BUF``),
-so writers (any pids, several loaders) never mix; the kernel orders it before the batch the worker
-then sends, on any processor; no bound is assumed: a write never blocks, and a read that finds
-the pipe half full (keys may be lost) checks sizes alone until the next fresh iteration.
+correct by construction: a key is one atomic write of 24 bytes (POSIX: at most ``PIPE_BUF``), so
+writers never mix; the kernel orders it before the batch the worker then sends; a write never
+blocks, and a read that finds the pipe half full checks sizes alone until the next fresh iteration.
 
 Example:
     >>> import torch
@@ -43,9 +42,10 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from leanbatch.accounts import IndexAccount, size_error, why_not
 from leanbatch.policies.plan import Plan
 
-__all__ = ["Fetches", "Iteration", "Key", "Serving", "Step", "front", "size_error", "why_not"]
+__all__ = ["Fetches", "Iteration", "Key", "Serving", "Step", "front"]
 
 Key = tuple[int, int, int]  # a batch: (size, first dataset index, last dataset index)
 
@@ -91,6 +91,7 @@ class Iteration:
     ran_out: bool = False  # the consumer pulled past its last sample
     passed: bool = False  # ... after training all of it: the loop's pass is over (len(): the next epoch's)
     batch: int = 0  # size of its first update (checks later ones when no fetch is recorded)
+    account: IndexAccount | None = None  # the indices updates named (opened by the first that names any)
     inside: int = field(init=False)  # local positions holding a kept sample (the rest is padding)
 
     def __post_init__(self) -> None:
@@ -122,6 +123,24 @@ class Iteration:
         self.chunks.append(indices)
         self.lists.append(values)
         self.served += len(values)
+        if self.account is not None:
+            self.account.serve(indices)
+
+    def record(self, indices: Tensor | None, num_samples: int) -> None:
+        """The next update names ``indices`` (the first opens the account), or ``None``: some do not."""
+        if indices is None:
+            if self.account is not None:
+                self.account.exact = False  # that step's samples are served, not counted as trained
+        else:
+            if self.account is None:
+                self.account = IndexAccount(num_samples, self.peek(self.in_flight))
+            self.account.train(indices)
+
+    def close(self) -> None:
+        """Check its account once, as it leaves the sampler (trained to its end, or left early)."""
+        account, self.account = self.account, None
+        if account is not None:
+            account.close(self.epoch, whole=self.done)
 
     def serve(self, seed: int, chunk_size: int, asked: Callable[[Iteration], None]) -> Serving:
         """The iterator one ``iter()`` returns: the iteration's dataset indices, ``chunk_size``
@@ -179,7 +198,7 @@ def front(its: deque[Iteration], n: int) -> Iteration | None:
     ahead across epochs) while they fit in what it has in flight; what it served but nobody
     trained (a DataLoader's ``drop_last`` remainder) is dropped from ``its``."""
     while len(its) > 1 and (its[0].done or its[0].in_flight < n):
-        its.popleft()
+        its.popleft().close()
     return its[0] if its else None
 
 
@@ -208,10 +227,9 @@ class Serving:
         return self
 
     def __next__(self) -> int:
-        try:
-            return next(self._values)
-        except StopIteration:
-            pass
+        value = next(self._values, None)
+        if value is not None:
+            return value
         it = self._it
         if it.served >= it.length:
             it.ran_out = True
@@ -291,11 +309,10 @@ class Fetches:
         """``n`` when a batch of ``n`` samples was fetched (consumed like :meth:`match`), else the
         size of one that was, ``None`` when no batch was ever fetched through the dataset."""
         queue = self._queue
-        for i, key in enumerate(queue):
-            if key[0] == n:
-                for _ in range(i + 1):
-                    queue.popleft()
-                return n
+        if any(key[0] == n for key in queue):
+            while queue.popleft()[0] != n:
+                pass
+            return n
         pipe = self._pipe
         keys = [] if pipe is None else pipe.keys()
         sized = next((key for key in keys if key[0] == n), None)
@@ -418,33 +435,3 @@ class _Pipe:
             del self.pending[key]
             return True
         return False if self.written else None
-
-
-def size_error(subject: str, n: int, expected: int) -> str:
-    """The message for an update of ``n`` samples where the batch it trains has ``expected``."""
-    return (
-        f"{subject} has {n} entries but the batch it trains has {expected}: pass the whole batch, in "
-        "order (one loss per sample, reduction='none', nothing filtered out), one update() per batch; "
-        "for a subset of the batch pass its rows: update(loss, indices, positions=rows)"
-    )
-
-
-def why_not(key: Key, fetches: Fetches) -> str:
-    """Why an update of the next served samples ``key`` matches no fetched batch: the message."""
-    n, first, last = key
-    like = fetches.like(key)
-    if like is not None and like[0] != n:
-        return size_error("loss", n, like[0])
-    if fetches.recorded and not fetches._queue:  # nothing fetched here since
-        return (
-            f"update() was given {n} losses but no batch was fetched since the last update(): call "
-            "update() once per batch, with every loss of it (for two heads, add their per-sample losses "
-            "and update once; for a selected subset, update(loss, indices, positions=rows))"
-        )
-    return (
-        f"update(loss) trains the next {n} samples ds.sampler served (dataset indices {first} .. {last}) "
-        "but no batch fetched through the dataset holds them: a batch sampler that reorders or regroups "
-        "ds.sampler's indices (length bucketing) needs the batch's dataset indices, update(loss, "
-        "indices); otherwise pass one loss per sample of the batch (reduction='none'), one update() "
-        "per batch"
-    )

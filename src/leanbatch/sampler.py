@@ -19,7 +19,7 @@ from torch.utils.data import Sampler
 
 from leanbatch.checks import check_bool, check_int, check_seed
 from leanbatch.distributed.exchange import ScoreExchange, merge_scores
-from leanbatch.epochs import check_agreement, plan_epoch, warn_past_end, warn_skipped, warn_stale_len
+from leanbatch.epochs import check_agreement, misuse, plan_epoch, warn_past_end, warn_skipped, warn_stale_len
 from leanbatch.ledger import Fetches, Iteration, Step, front
 from leanbatch.policies.base import Policy
 from leanbatch.policies.parts import Comm
@@ -187,6 +187,9 @@ class PrunedSampler(Sampler[int]):
         # Keep only iterations that ran to their end with samples still in flight (a consumer
         # that reads ahead across the epoch boundary); an abandoned one's read-ahead is gone.
         kept = deque(x for x in self._its if x.ran_out and not x.done)
+        for x in self._its:  # the rest leave: trained to their end (checked then) or left early
+            if x.done or not x.ran_out:
+                x.close()
         if len(kept) < len(self._its) or not kept:
             self.fetches.clear(workers=not kept)  # an abandoned iteration's fetches are never trained
         self._its = kept
@@ -286,17 +289,10 @@ class PrunedSampler(Sampler[int]):
         it = front(its, n)
         if it is None:
             if self._next()[0] >= self.num_epochs:
-                raise RuntimeError(
-                    f"{what}: all {self.num_epochs} epochs are trained (num_epochs={self.num_epochs}); "
-                    "build the wrapper with num_epochs= the number of epochs you train"
-                )
+                raise RuntimeError(misuse("epochs over", what, self.num_epochs))
             return None
         if n > it.in_flight:
-            raise ValueError(
-                f"{what}: {n} samples but the sampler has served only {it.in_flight} samples "
-                "not yet updated: call update() once per batch with one loss per sample (reduction='none'), "
-                "or pass positions= for a selected subset of the batch"
-            )
+            raise ValueError(misuse("not served", what, n, it.in_flight))
         return it
 
     def prepare(
@@ -320,12 +316,7 @@ class PrunedSampler(Sampler[int]):
             self._distributed = is_distributed(self.process_group)
             fetched = self.fetches.any
             if indices or fetched:
-                raise RuntimeError(
-                    f"{what} found no batch served by this sampler: build the DataLoader with "
-                    "sampler=ds.sampler (not shuffle=True, which serves the epoch's samples unpruned and "
-                    "freezes progress inside each epoch) and iterate it"
-                    + ("" if fetched else ", or pass the batch's indices: update(loss, indices)")
-                )
+                raise RuntimeError(misuse("no batch", what, fetched))
             return Step(self.plan(), None, n)
         if batch:
             self.fetches.check_size(it, n, "loss" if indices else "indices")
@@ -341,6 +332,8 @@ class PrunedSampler(Sampler[int]):
         self.fetches.check_batch(it, n)  # checked against the batch fetched, before anything changes
         scored = it.scored(n)
         step = Step(it.plan, it.train(n), scored)
+        if it.account is not None:  # an earlier update named its indices: these count as trained
+            it.record(step.indices, 0)
         self._marked(it, n, gathered)
         return step
 
@@ -359,12 +352,15 @@ class PrunedSampler(Sampler[int]):
         else:
             self.scores.store(indices, losses, check=False)
 
-    def commit(self, n: int, gathered: bool = False) -> None:
+    def commit(self, n: int, gathered: bool = False, indices: Tensor | None = None) -> None:
         """Mark the next ``n`` served samples trained (after their scores were stored). ``gathered``:
         their scores reached every rank (:meth:`store`); otherwise, when the epoch ends here, the
-        ranks' scores are merged (every rank trains its last sample at the same step)."""
+        ranks' scores are merged (every rank trains its last sample at the same step). ``indices``:
+        those the update named, checked against those served at the iteration's end (not with
+        ``shard=False`` under DDP, where a rank trains a share of what it served)."""
         it = self._serving(n, "commit")
         if it is not None:
+            it.record(indices if self.shard or not self._distributed else None, self.scores.num_samples)
             it.take(n)
             self._marked(it, n, gathered)
 
@@ -373,7 +369,8 @@ class PrunedSampler(Sampler[int]):
         it.batch = it.batch or n
         self._unmerged = self._unmerged or not gathered
         if it.done:
-            self.merge()
+            self.merge()  # on every rank before any check can raise
+            it.close()
 
     def claim(self, n: int) -> tuple[Tensor, Plan]:
         """Mark the next batch of ``n`` served samples trained; their dataset indices (int64, CPU) and
@@ -402,7 +399,9 @@ class PrunedSampler(Sampler[int]):
             if epoch != self._cursor[0]:
                 self._cursor = (epoch, 0)
         elif epoch != it.epoch or it.ran_out or it.done:
-            self._its.clear()
+            self.merge()  # on every rank before a check can raise
+            while self._its:
+                self._its.popleft().close()  # the indices trained must be part of those served
             self._cursor = (epoch, 0)
         self.merge()
 

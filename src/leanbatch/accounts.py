@@ -1,0 +1,128 @@
+"""Whether updates train the samples that were served: the account of the indices they name, and
+the messages for an update that matches no fetched batch (:func:`size_error`, :func:`why_not`).
+
+``update(loss, indices)`` takes its plan and its place from the served stream (the ledger) but
+stores scores under, and weights, the ``indices`` it is given. Indices that are not the batch's
+(``torch.arange(len(x))``, an id column that is not the dataset index, one batch updated twice)
+would put scores on wrong samples without a word. An :class:`IndexAccount` counts, per dataset
+index, how often one :class:`~leanbatch.ledger.Iteration` served it (host side, one chunk at a
+time, as it is served) and how often an update named it (one ``index_put_`` a step on the indices'
+own device, no host sync). The iteration is checked once, where it closes:
+
+- trained to its end: the indices trained must be, as a multiset, exactly those served, in
+  whatever batches and order (a batch sampler may regroup them);
+- left early (a ``break``, a ``drop_last`` remainder, ``set_epoch`` to another epoch): those
+  trained must be a sub-multiset of those served, since only part of what was served was trained.
+
+One comparison of two histograms, once an epoch, where planning the next epoch syncs anyway.
+Nothing is saved in a checkpoint: a resumed iteration serves from the saved position and its
+account starts there, so a resumed epoch is checked on the part trained after the resume.
+
+Example:
+    >>> import torch
+    >>> account = IndexAccount(6, torch.tensor([4, 1, 5]))    # served so far, untrained
+    >>> account.serve(torch.tensor([0]))                       # served next
+    >>> account.train(torch.tensor([1, 4])); account.train(torch.tensor([0, 5]))
+    >>> account.close(epoch=0, whole=True)                     # the same multiset: passes
+    >>> bad = IndexAccount(6, torch.tensor([4, 1]))
+    >>> bad.train(torch.tensor([0, 1]))
+    >>> try:
+    ...     bad.close(epoch=0, whole=True)
+    ... except ValueError as e:
+    ...     print(str(e).split("rank: ")[1].split(",")[0])
+    dataset index 0 was named 1 times by the updates and served 0 times
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+__all__ = ["IndexAccount", "size_error", "why_not"]
+
+
+class IndexAccount:
+    """Served and trained counts per dataset index for one iteration (see the module docstring).
+
+    ``untrained``: the dataset indices the iteration has served and not trained when the account
+    opens (it opens at the iteration's first update with indices); ``exact``: whether the trained
+    multiset must equal the served one at the iteration's end (``False``: a sub-multiset, e.g. when
+    some steps were trained without naming their indices).
+    """
+
+    __slots__ = ("served", "trained", "exact", "_one")
+
+    def __init__(self, num_samples: int, untrained: Tensor, exact: bool = True):
+        self.served = torch.zeros(num_samples, dtype=torch.int32)
+        self.served.index_put_((untrained,), torch.ones((), dtype=torch.int32), accumulate=True)
+        self.trained: Tensor | None = None  # on the device of the first indices trained
+        self._one = torch.ones((), dtype=torch.int32)
+        self.exact = exact
+
+    def serve(self, indices: Tensor) -> None:
+        """The iteration served ``indices`` (int64, CPU) next."""
+        self.served.index_put_((indices,), self._one, accumulate=True)
+
+    def train(self, indices: Tensor) -> None:
+        """An update named ``indices`` (int64, checked to be dataset indices): one scatter-add on their
+        device, asynchronous (moved to the device of the first update's indices if they differ)."""
+        trained = self.trained
+        if trained is None:
+            trained = self.trained = torch.zeros(self.served.shape, dtype=torch.int32, device=indices.device)
+            self._one = self._one.to(indices.device)
+        elif indices.device != trained.device:
+            indices = indices.to(trained.device, non_blocking=True)
+        trained.index_put_((indices,), self._one, accumulate=True)
+
+    def close(self, epoch: int, whole: bool) -> None:
+        """Check the account (one host sync): ``whole``, the iteration was trained to its end, so the
+        trained multiset must equal the served one (when :attr:`exact`); otherwise be part of it."""
+        if self.trained is None:
+            return
+        trained, served = self.trained.cpu(), self.served
+        if torch.equal(trained, served) if whole and self.exact else bool((trained <= served).all()):
+            return
+        over = (trained > served).nonzero()  # named more often than served: the likeliest culprit
+        i = int((over if len(over) else (trained < served).nonzero())[0, 0])
+        raise ValueError(
+            f"update(loss, indices) was given indices that epoch {epoch} did not serve on this rank: "
+            f"dataset index {i} was named {int(trained[i])} times by the updates and served "
+            f"{int(served[i])} times{'' if whole else ' (before the epoch was left)'}, so scores and "
+            "weights went to the wrong samples. Pass the dataset indices each batch carries (e.g. "
+            "wrap the dataset in leanbatch.indexed.WithIndex and take them from the batch), not rows "
+            "of the batch (torch.arange(len(x))) or an id column of your own, and call update() "
+            "once per batch"
+        )
+
+
+def size_error(subject: str, n: int, expected: int) -> str:
+    """The message for an update of ``n`` samples where the batch it trains has ``expected``."""
+    return (
+        f"{subject} has {n} entries but the batch it trains has {expected}: pass the whole batch, in "
+        "order (one loss per sample, reduction='none', nothing filtered out), one update() per batch; "
+        "for a subset of the batch pass its rows: update(loss, indices, positions=rows)"
+    )
+
+
+def why_not(key: tuple[int, int, int], fetches: Any) -> str:
+    """Why an update of the next served samples ``key`` (size, first, last index) matches no batch
+    fetched (:class:`~leanbatch.ledger.Fetches`): the message."""
+    n, first, last = key
+    like = fetches.like(key)
+    if like is not None and like[0] != n:
+        return size_error("loss", n, like[0])
+    if fetches.recorded and not fetches._queue:  # nothing fetched here since
+        return (
+            f"update() was given {n} losses but no batch was fetched since the last update(): call "
+            "update() once per batch, with every loss of it (for two heads, add their per-sample losses "
+            "and update once; for a selected subset, update(loss, indices, positions=rows))"
+        )
+    return (
+        f"update(loss) trains the next {n} samples ds.sampler served (dataset indices {first} .. {last}) "
+        "but no batch fetched through the dataset holds them: a batch sampler that reorders or regroups "
+        "ds.sampler's indices (length bucketing) needs the batch's dataset indices, update(loss, "
+        "indices); otherwise pass one loss per sample of the batch (reduction='none'), one update() "
+        "per batch"
+    )
