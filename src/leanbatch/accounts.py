@@ -1,5 +1,4 @@
-"""Whether updates train the samples that were served: the account of the indices they name, and
-the messages for an update that matches no fetched batch (:func:`size_error`, :func:`why_not`).
+"""Whether updates train the samples that were served: the account of the indices they name.
 
 ``update(loss, indices)`` takes its plan and its place from the served stream (the ledger) but
 stores scores under, and weights, the ``indices`` it is given. Indices that are not the batch's
@@ -35,12 +34,10 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import Tensor
 
-__all__ = ["IndexAccount", "size_error", "why_not"]
+__all__ = ["IndexAccount"]
 
 
 class IndexAccount:
@@ -98,34 +95,3 @@ class IndexAccount:
             "of the batch (torch.arange(len(x))) or an id column of your own, and call update() "
             "once per batch"
         )
-
-
-def size_error(subject: str, n: int, expected: int) -> str:
-    """The message for an update of ``n`` samples where the batch it trains has ``expected``."""
-    return (
-        f"{subject} has {n} entries but the batch it trains has {expected}: pass the whole batch, in "
-        "order (one loss per sample, reduction='none', nothing filtered out), one update() per batch; "
-        "for a subset of the batch pass its rows: update(loss, indices, positions=rows)"
-    )
-
-
-def why_not(key: tuple[int, int, int], fetches: Any) -> str:
-    """Why an update of the next served samples ``key`` (size, first, last index) matches no batch
-    fetched (:class:`~leanbatch.ledger.Fetches`): the message."""
-    n, first, last = key
-    like = fetches.like(key)
-    if like is not None and like[0] != n:
-        return size_error("loss", n, like[0])
-    if fetches.recorded and not fetches._queue:  # nothing fetched here since
-        return (
-            f"update() was given {n} losses but no batch was fetched since the last update(): call "
-            "update() once per batch, with every loss of it (for two heads, add their per-sample losses "
-            "and update once; for a selected subset, update(loss, indices, positions=rows))"
-        )
-    return (
-        f"update(loss) trains the next {n} samples ds.sampler served (dataset indices {first} .. {last}) "
-        "but no batch fetched through the dataset holds them: a batch sampler that reorders or regroups "
-        "ds.sampler's indices (length bucketing) needs the batch's dataset indices, update(loss, "
-        "indices); otherwise pass one loss per sample of the batch (reduction='none'), one update() "
-        "per batch"
-    )

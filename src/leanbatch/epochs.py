@@ -7,8 +7,7 @@
   merges the ranks' scores where every rank is at the same point, so planning is a local,
   deterministic function of the merged table.
 - :func:`check_agreement` refuses to plan from scores the other ranks never saw.
-- The warnings a run gives once (:func:`warn_past_end`, :func:`warn_skipped`, :func:`warn_stale_len`),
-  and the errors of a loop that trains what the sampler cannot place (:func:`misuse`).
+- The warnings a run gives once (:func:`warn_past_end`, :func:`warn_skipped`, :func:`warn_stale_len`).
 
 The sampler's argument checks and its saved state live beside it, in :mod:`leanbatch.sampler_state`.
 
@@ -39,7 +38,6 @@ from leanbatch.scores import ScoreTable
 
 __all__ = [
     "check_agreement",
-    "misuse",
     "local_length",
     "plan_epoch",
     "warn_past_end",
@@ -190,31 +188,4 @@ def warn_stale_len(warned: set[str], finished: int, read: int, epoch: int, lengt
         "steps_per_epoch=len(loader))) has the wrong number of steps. Call ds.set_epoch(epoch) at the "
         "top of each epoch, before reading len(loader)",
         stacklevel=4,
-    )
-
-
-def misuse(kind: str, what: str, *args: Any) -> str:
-    """The message for ``what`` (an update, a commit) that the sampler cannot place: ``"epochs over"``
-    (``num_epochs``), ``"not served"`` (``n``, the samples in flight) or ``"no batch"`` (``fetched``:
-    a batch was fetched through the dataset).
-
-    Example:
-        >>> misuse("epochs over", "update(loss)", 3)[:45]
-        'update(loss): all 3 epochs are trained (num_e'
-    """
-    if kind == "epochs over":
-        return (
-            f"{what}: all {args[0]} epochs are trained (num_epochs={args[0]}); build the wrapper with "
-            "num_epochs= the number of epochs you train"
-        )
-    if kind == "not served":
-        return (
-            f"{what}: {args[0]} samples but the sampler has served only {args[1]} samples not yet updated: "
-            "call update() once per batch with one loss per sample (reduction='none'), or pass "
-            "positions= for a selected subset of the batch"
-        )
-    return (
-        f"{what} found no batch served by this sampler: build the DataLoader with sampler=ds.sampler "
-        "(not shuffle=True, which serves the epoch's samples unpruned and freezes progress inside each "
-        "epoch) and iterate it" + ("" if args[0] else ", or pass the batch's indices: update(loss, indices)")
     )

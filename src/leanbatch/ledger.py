@@ -42,7 +42,8 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
-from leanbatch.accounts import IndexAccount, size_error, why_not
+from leanbatch.accounts import IndexAccount
+from leanbatch.misuse import size_error, why_not
 from leanbatch.policies.plan import Plan
 
 __all__ = ["Fetches", "Iteration", "Key", "Serving", "Step", "front"]
@@ -362,7 +363,7 @@ class Fetches:
         if found is None:  # nothing fetched through the dataset: the sizes alone
             self.check_size(it, n, "loss")
         elif not found:
-            raise ValueError(why_not(key, self))
+            raise ValueError(why_not(key, self.like(key), self.recorded and not self._queue))
 
 
 class _Pipe:

@@ -19,8 +19,9 @@ from torch.utils.data import Sampler
 
 from leanbatch.checks import check_bool, check_int, check_seed
 from leanbatch.distributed.exchange import ScoreExchange, merge_scores
-from leanbatch.epochs import check_agreement, misuse, plan_epoch, warn_past_end, warn_skipped, warn_stale_len
+from leanbatch.epochs import check_agreement, plan_epoch, warn_past_end, warn_skipped, warn_stale_len
 from leanbatch.ledger import Fetches, Iteration, Step, front
+from leanbatch.misuse import epochs_over, no_batch, not_served
 from leanbatch.policies.base import Policy
 from leanbatch.policies.parts import Comm
 from leanbatch.policies.plan import Plan
@@ -289,10 +290,10 @@ class PrunedSampler(Sampler[int]):
         it = front(its, n)
         if it is None:
             if self._next()[0] >= self.num_epochs:
-                raise RuntimeError(misuse("epochs over", what, self.num_epochs))
+                raise RuntimeError(epochs_over(what, self.num_epochs))
             return None
         if n > it.in_flight:
-            raise ValueError(misuse("not served", what, n, it.in_flight))
+            raise ValueError(not_served(what, n, it.in_flight))
         return it
 
     def prepare(
@@ -316,7 +317,7 @@ class PrunedSampler(Sampler[int]):
             self._distributed = is_distributed(self.process_group)
             fetched = self.fetches.any
             if indices or fetched:
-                raise RuntimeError(misuse("no batch", what, fetched))
+                raise RuntimeError(no_batch(what, fetched))
             return Step(self.plan(), None, n)
         if batch:
             self.fetches.check_size(it, n, "loss" if indices else "indices")

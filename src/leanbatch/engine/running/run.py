@@ -279,7 +279,11 @@ class Run:
         pruning arm's epochs are shorter: read ``ds.progress``). Needs ``run.wrap`` and ``run.batch_size``."""
         if not self.arm.limited:
             return None
-        if self._batch is not None and getattr(self.data, "budget", None) is not None:
+        if (
+            self._batch is not None
+            and isinstance(self.data, CountedInfoBatch)
+            and self.data.budget is not None
+        ):
             return self.data.total_steps  # the loader's own steps, once its first epoch showed them
         if self._sizes is None or self._batch is None:
             raise ContractError("run.total_steps needs run.wrap(...) and run.batch_size(...) first")

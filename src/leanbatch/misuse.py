@@ -1,0 +1,75 @@
+"""The errors of a loop that trains what the sampler cannot place: one message each, naming the fix.
+
+The sampler and its record (:mod:`leanbatch.ledger`) raise them; the messages live here, in one
+place, so each says the same wherever it is raised.
+
+Example:
+    >>> epochs_over("update(loss)", 3)[:45]
+    'update(loss): all 3 epochs are trained (num_e'
+"""
+
+from __future__ import annotations
+
+__all__ = ["epochs_over", "no_batch", "not_served", "size_error", "why_not"]
+
+
+def epochs_over(what: str, num_epochs: int) -> str:
+    """``what`` (an update, a commit) after every one of the ``num_epochs`` epochs was trained."""
+    return (
+        f"{what}: all {num_epochs} epochs are trained (num_epochs={num_epochs}); build the wrapper with "
+        "num_epochs= the number of epochs you train"
+    )
+
+
+def not_served(what: str, n: int, in_flight: int) -> str:
+    """``what`` trains ``n`` samples where only ``in_flight`` were served and not yet updated."""
+    return (
+        f"{what}: {n} samples but the sampler has served only {in_flight} samples not yet updated: "
+        "call update() once per batch with one loss per sample (reduction='none'), or pass "
+        "positions= for a selected subset of the batch"
+    )
+
+
+def no_batch(what: str, fetched: bool) -> str:
+    """``what`` with no iteration of the sampler served (``fetched``: a batch came through the dataset)."""
+    return (
+        f"{what} found no batch served by this sampler: build the DataLoader with sampler=ds.sampler "
+        "(not shuffle=True, which serves the epoch's samples unpruned and freezes progress inside each "
+        "epoch) and iterate it" + ("" if fetched else ", or pass the batch's indices: update(loss, indices)")
+    )
+
+
+def size_error(subject: str, n: int, expected: int) -> str:
+    """An update of ``n`` samples where the batch it trains has ``expected``."""
+    return (
+        f"{subject} has {n} entries but the batch it trains has {expected}: pass the whole batch, in "
+        "order (one loss per sample, reduction='none', nothing filtered out), one update() per batch; "
+        "for a subset of the batch pass its rows: update(loss, indices, positions=rows)"
+    )
+
+
+def why_not(key: tuple[int, int, int], like: tuple[int, int, int] | None, none_since: bool) -> str:
+    """Why an update of the next served samples ``key`` (size, first, last index) matches no fetched
+    batch: ``like``, the fetched batch most like it (None: none); ``none_since``, nothing was fetched
+    in this process since the last update.
+
+    Example:
+        >>> why_not((4, 0, 3), (8, 0, 7), False)[:40]
+        'loss has 4 entries but the batch it trai'
+    """
+    n, first, last = key
+    if like is not None and like[0] != n:
+        return size_error("loss", n, like[0])
+    if none_since:
+        return (
+            f"update() was given {n} losses but no batch was fetched since the last update(): call "
+            "update() once per batch, with every loss of it (for two heads, add their per-sample losses "
+            "and update once; for a selected subset, update(loss, indices, positions=rows))"
+        )
+    return (
+        f"update(loss) trains the next {n} samples ds.sampler served (dataset indices {first} .. {last}) "
+        "but no batch fetched through the dataset holds them: a batch sampler that reorders or regroups "
+        "ds.sampler's indices (length bucketing) needs the batch's dataset indices, update(loss, "
+        "indices); otherwise pass one loss per sample of the batch (reduction='none'), one update() "
+        "per batch"
+    )
