@@ -110,6 +110,27 @@ def test_a_resumed_wrapper_with_a_cut_trains_what_the_uninterrupted_one_trains()
     assert head + trained(resumed) == straight and resumed.epoch == 2 and resumed.progress == 1.0
 
 
+def test_a_state_saved_with_a_cut_is_refused_without_one_and_the_reverse_before_anything_changes() -> None:
+    """The cut is code, not saved: a resume that forgets ``set_limit`` would serve whole epochs (more
+    than the budget) without a word, and one that adds it would cut a state saved uncut."""
+    data = torch.arange(40.0)
+    cut = InfoBatch(data, 2, 0.0, policy="random", seed=3)
+    cut.sampler.set_limit(lambda epoch: [40, 14][epoch])
+    for _ in DataLoader(cut, batch_size=4, sampler=cut.sampler):
+        cut.update(torch.ones(4))
+    whole = InfoBatch(data, 2, 0.0, policy="random", seed=3)
+    with pytest.raises(
+        ValueError, match=r"saved by a sampler whose epochs were cut \(set_limit\).*call set_limit"
+    ):
+        whole.load_state_dict(cut.state_dict())
+    assert whole.epoch == 0 and whole.scores.values.isnan().all()  # nothing of the refused state loaded
+    with pytest.raises(ValueError, match=r"saved by a sampler that served whole epochs"):
+        cut.sampler.load_state_dict(whole.sampler.state_dict())
+    whole.sampler.set_limit(lambda epoch: [40, 14][epoch])
+    whole.load_state_dict(cut.state_dict())  # the same limit set again: resumes
+    assert whole.epoch == 1 and len(whole.sampler) == 14
+
+
 @pytest.mark.parametrize("bad", [-1, 2.5, True, None])
 def test_a_limit_that_is_no_count_is_refused_naming_it(bad: object) -> None:
     s = _sampler(0, None)

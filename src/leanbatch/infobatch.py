@@ -318,7 +318,7 @@ class InfoBatch(Dataset):
             from leanbatch.distributed.checkpoints import own_part
 
             checked = own_part(checked, self.scores, self.sampler.drop_last)  # type: ignore[arg-type]
-        read_state(checked["sampler"], self.scores)  # checked before the table changes
+        read_state(checked["sampler"], self.scores, self.sampler.limit)  # checked before the table changes
         self.scores.load_state_dict(checked["scores"])
         self.sampler.load_state_dict(checked["sampler"])
 

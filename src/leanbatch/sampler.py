@@ -99,7 +99,7 @@ class PrunedSampler(Sampler[int]):
         self.exchange = ScoreExchange(scores, process_group)  # how the step's rows reach every rank
         self.epoch_stats: list[dict[str, Any]] = []
         self._round = 1  # each rank's share of an epoch is a multiple of this (set_round)
-        self._limit: Limit = None  # the samples each rank serves in an epoch (set_limit)
+        self.limit: Limit = None  # the samples each rank serves in an epoch (read it; set it: set_limit)
         self._plan: Plan | None = None  # the latest plan; older ones live on in the iterations using them
         self._its: deque[Iteration] = deque()  # iterations with samples that may still be trained
         self._cursor = (0, 0)  # (epoch, global start) served next while no iteration is live
@@ -117,14 +117,13 @@ class PrunedSampler(Sampler[int]):
     def _local_length(self, plan: Plan, start: int, world: int | None = None) -> int:
         """Samples this rank serves of ``plan`` from ``start`` on, up to its cut (:meth:`set_limit`)."""
         w = self._world_rank()[0] if world is None else world
-        return served_length(
-            plan.order_length, plan.epoch, start, w, self._round, self.drop_last, self._limit
-        )
+        return served_length(plan.order_length, plan.epoch, start, w, self._round, self.drop_last, self.limit)
 
     def set_limit(self, limit: Limit) -> None:
         """Serve at most ``limit(epoch)`` samples on each rank in ``epoch`` (``None``: the whole plan), the
         first of the rank's share: a step budget. ``limit``: a pure function of the epoch, equal on every
-        rank; not saved in :meth:`state_dict` (set it again to resume); ``progress`` counts whole plans.
+        rank; not saved in :meth:`state_dict` (set it again before loading one: a state saved with a limit
+        and loaded without one, or the reverse, is refused); ``progress`` counts whole plans.
 
         Example:
             >>> from leanbatch import RandomPolicy, ScoreTable
@@ -133,7 +132,7 @@ class PrunedSampler(Sampler[int]):
             >>> [len(list(s)) for epoch in range(3)]
             [10, 4, 0]
         """
-        self._limit = check_limit(limit)
+        self.limit = check_limit(limit)
 
     def set_round(self, size: int, drop_last: bool = False) -> None:
         """Serve every epoch in whole rounds of ``size`` samples per rank (padded, or with ``drop_last``
@@ -430,7 +429,7 @@ class PrunedSampler(Sampler[int]):
             keep = plan is not None and plan.epoch == epoch and (position > 0 or plan.done > 0)
             plan, finished = (plan if keep else None), False
         where = (epoch, position, finished, self._world_rank()[0])
-        return write_state(self.seed, self.scores.num_samples, where, plan, self.epoch_stats)
+        return write_state(self.seed, self.scores.num_samples, where, plan, self.epoch_stats, self.limit)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: the next iteration continues the saved epoch at the saved global position.
@@ -438,7 +437,7 @@ class PrunedSampler(Sampler[int]):
         The state is checked before anything changes (:func:`~leanbatch.sampler_state.read_state`): a wrong
         key, shape or value is a ``ValueError`` that names it.
         """
-        epoch, trained, plan, stats, seed = read_state(state, self.scores)
+        epoch, trained, plan, stats, seed = read_state(state, self.scores, self.limit)
         self.seed = seed
         self.epoch_stats = stats
         self._its.clear()

@@ -85,8 +85,11 @@ def write_state(
     where: tuple[int, int, bool, int],
     plan: Plan | None,
     stats: list[dict[str, Any]],
+    limit: Limit = None,
 ) -> dict[str, Any]:
-    """A sampler's state in the format :func:`read_state` reads: plain values and the plan's tensors.
+    """A sampler's state in the format :func:`read_state` reads: plain values and the plan's tensors;
+    ``limited``: whether its epochs were cut (``limit``, :func:`served_length`; the cut itself is code,
+    set again before loading).
 
     ``where``: ``(epoch, position, finished, world)``, the position counted in the epoch's global
     order (all ranks); a fully trained epoch ``e`` is ``(e, its length, True, world)``.
@@ -107,12 +110,17 @@ def write_state(
         "world": world,
         "plan": None if plan is None else plan.state_dict(),
         "epoch_stats": [dict(s) for s in stats],
+        "limited": limit is not None,
     }
 
 
-def read_state(state: Any, scores: ScoreTable) -> tuple[int, int, Plan | None, list[dict[str, Any]], int]:
+def read_state(
+    state: Any, scores: ScoreTable, limit: Limit = None
+) -> tuple[int, int, Plan | None, list[dict[str, Any]], int]:
     """``(epoch, global position, plan, epoch statistics, seed)`` of a sampler's saved state, validated
-    for ``scores``, which reads the saved plan (a sharded table: its own rank's part only).
+    for ``scores``, which reads the saved plan (a sharded table: its own rank's part only), and for the
+    sampler's ``limit``: a state saved with a cut is refused without one, and the reverse (a state with
+    no ``limited`` key was saved without).
 
     Example:
         >>> state = {"version": 2, "seed": 0, "num_samples": 8, "epoch": 1, "position": 0, "finished": False,
@@ -129,6 +137,7 @@ def read_state(state: Any, scores: ScoreTable) -> tuple[int, int, Plan | None, l
     state = require(state, keys, "state_dict")
     if state["version"] != 2:
         raise ValueError(f"state_dict has version {state['version']!r}; this leanbatch reads version 2")
+    _check_limited(state.get("limited", False), limit)
     num_samples = scores.num_samples
     if state["num_samples"] != num_samples:
         raise ValueError(
@@ -160,6 +169,20 @@ def read_state(state: Any, scores: ScoreTable) -> tuple[int, int, Plan | None, l
     if not isinstance(stats, list) or not all(isinstance(s, Mapping) and "epoch" in s for s in stats):
         raise ValueError("state_dict['epoch_stats'] must be a list of per-epoch dicts")
     return epoch, trained, plan, [dict(s) for s in stats], seed
+
+
+def _check_limited(limited: Any, limit: Limit) -> None:
+    """A state saved with a cut (``limited``) is refused by a sampler without ``limit``, and the reverse."""
+    if not isinstance(limited, bool):
+        raise ValueError(f"state_dict['limited'] must be a bool, got {limited!r}")
+    if limited != (limit is not None):
+        raise ValueError(
+            "state_dict was saved by a sampler whose epochs were cut (set_limit) and this one serves whole "
+            "epochs: call set_limit with the same limit before load_state_dict"
+            if limited
+            else "state_dict was saved by a sampler that served whole epochs and this one's epochs are cut "
+            "(set_limit): load it into a sampler without a limit, or save it from one with the limit"
+        )
 
 
 def _count(state: Mapping[str, Any], key: str) -> int:
