@@ -93,7 +93,7 @@ def _global_plan_worker(rank: int, init_file: str, out_dir: str) -> None:
             orders.append(order)
             mine = torch.tensor(order[rank::WORLD])  # this rank trains every WORLD-th sample
             ds.scores.update(mine, mine / N + rank)
-            ds.sampler.claim(len(order))  # the whole global batch is trained, across ranks
+            ds.sampler.take(len(order))  # the whole global batch is trained, across ranks
         merge_scores(ds.scores)  # planning merges; the last epoch's scores are merged here
         errors = []
         wrong = InfoBatch(data, EPOCHS, num_replicas=1, rank=0, seed=5)  # shards for a world of 1

@@ -241,3 +241,37 @@ def test_each_rank_checks_its_own_share_plain_and_sharded_and_refuses_wrong_indi
         got = torch.load(tmp_path / f"rank{rank}.pt")
         assert got["plain"] == (1.0, 1, True) and got["sharded"][0] == 1.0 and got["sharded"][2]
         assert "epoch 0 did not serve on this rank" in got["wrong"]
+
+
+@pytest.mark.parametrize("fold", [3, 1 << 20])
+def test_counts_folded_during_the_epoch_or_at_its_end_check_alike(fold: int, monkeypatch: Any) -> None:
+    """The named indices are counted a few thousand at a time: folded mid-epoch (every 3 samples here)
+    or only at the epoch's end, a right loop passes every epoch and a batch updated twice is refused."""
+    from leanbatch.accounts import IndexAccount
+
+    monkeypatch.setattr(IndexAccount, "FOLD", fold)
+    ds = wrapper()
+    for epoch in range(3):
+        ds.set_epoch(epoch)
+        for _, idx in DataLoader(ds, batch_size=BATCH, sampler=ds.sampler):
+            ds.update(own_loss(idx), idx)
+    assert ds.position.epoch == 3
+    bad = wrapper()
+    with pytest.raises(ValueError, match=r"named 2 times by the updates and served 1 times"):
+        for step, (_, idx) in enumerate(DataLoader(bad, batch_size=BATCH, sampler=bad.sampler)):
+            bad.update(own_loss(idx), idx)
+            if step == 0:
+                bad.update(own_loss(idx), idx)
+
+
+def test_indices_modified_in_place_before_they_are_counted_are_refused() -> None:
+    """The account keeps the indices an update named until it counts them (CPU ones are the
+    wrapper's own copies; a device's are the caller's): changed in place by then, it refuses."""
+    from leanbatch.accounts import IndexAccount
+
+    account = IndexAccount(6, torch.tensor([0, 1, 2]))
+    named = torch.tensor([0, 1, 2])
+    account.train(named)
+    named.fill_(5)
+    with pytest.raises(RuntimeError, match=r"modified in place before it was counted"):
+        account.close(epoch=0, whole=True)

@@ -96,7 +96,7 @@ def test_epoch_advances_after_a_full_iteration_without_set_epoch():
         order = list(s)
         lens.append(len(s))  # the iteration's, from its iter() on
         assert len(order) == lens[-1] and s.epoch == e
-        s.claim(len(order))  # trained
+        s.take(len(order))  # trained
         assert s.epoch == e + 1
     assert [st["epoch"] for st in s.epoch_stats] == [0, 1, 2, 3]
     assert lens[0] < 100 and lens[1] < 100 and lens[2] == lens[3] == 100
@@ -126,12 +126,12 @@ def test_len_does_not_advance_while_batches_are_in_flight():
     s = PrunedSampler(table, InfoBatchPolicy(0.5, 3, 1.0))
     it = iter(s)
     first = [next(it) for _ in range(16)]
-    assert s.claim(16)[0].tolist() == first
+    assert s.take(16).indices.tolist() == first
     served = first + list(it)  # a prefetching loader exhausted the sampler
     for _ in range(2):
-        s.claim(16)
+        s.take(16)
     assert len(s) == 64 and s.epoch == 0  # the last batch has not been updated yet: still epoch 0
-    assert s.claim(16)[0].tolist() == served[48:]
+    assert s.take(16).indices.tolist() == served[48:]
     assert s.epoch == 1 and s.epoch_stats[-1]["epoch"] == 0  # all trained: epoch 1 is next, not planned yet
     table.update(torch.arange(64), torch.arange(64.0))
     assert len(s) == 64  # epoch 0's iteration until epoch 1's begins (constant inside a loop's epoch)
@@ -169,3 +169,21 @@ def test_bad_arguments():
         PrunedSampler(table, pol).set_epoch(-1)
     with pytest.raises(TypeError, match="seed"):
         PrunedSampler(table, pol, seed=1.5)
+
+
+def test_a_prepared_step_is_committed_once() -> None:
+    """commit() marks the step prepare() checked, without searching again; a step whose samples were
+    marked since (committed twice, or taken by another update) is refused, nothing marked."""
+    s = PrunedSampler(ScoreTable(8), InfoBatchPolicy(0.5, 2), seed=0)
+    order = list(s)
+    step = s.prepare(8, indices=True)
+    assert step.indices is not None and step.indices.tolist() == order
+    s.commit(step)
+    assert s.position.epoch == 1
+    s2 = PrunedSampler(ScoreTable(8), InfoBatchPolicy(0.5, 2), seed=0)
+    list(s2)
+    step = s2.prepare(6)
+    s2.take(4)
+    with pytest.raises(ValueError, match="commit"):
+        s2.commit(step)
+    assert s2.position.trained == 4

@@ -36,7 +36,7 @@ def _epochs(s: PrunedSampler) -> list[list[int]]:
         s.set_epoch(epoch)
         served = list(s)
         if served:
-            s.claim(len(served))
+            s.take(len(served))
         out.append(served)
     return out
 
@@ -67,16 +67,16 @@ def test_a_resume_inside_a_cut_epoch_serves_the_rest_of_it(rank: int) -> None:
     limit = [8, 5, 3]
     straight = _epochs(_sampler(rank, limit))
     first = _sampler(rank, limit)
-    first.claim(len(list(first)))  # epoch 0, whole
+    first.take(len(list(first)))  # epoch 0, whole
     served = list(first)
-    first.claim(2)  # 2 of epoch 1's 5
+    first.take(2)  # 2 of epoch 1's 5
     state = first.state_dict()
     resumed = _sampler(rank, limit)
     resumed.load_state_dict(state)
     assert resumed.epoch == 1 and len(resumed) == 3
     rest = list(resumed)
     assert served[:2] + rest == straight[1]  # the rest of the cut epoch, in order
-    resumed.claim(len(rest))
+    resumed.take(len(rest))
     assert resumed.epoch == 2 and list(resumed) == straight[2]
 
 

@@ -9,6 +9,7 @@ items, and turns each batch's losses into scores and the weighted loss.
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -231,7 +232,9 @@ class InfoBatch(Dataset):
         carry its indices but the loop needs them, e.g. to stack Selective Backprop, then
         ``update(loss, idx, positions=selected)``.
         """
-        return self.sampler.peek(n)
+        step = self.sampler.prepare(n, indices=True, what="next_indices()")
+        assert step.indices is not None
+        return step.indices
 
     def weights(self, indices: Tensor) -> Tensor:
         """The loss weights (float32) of dataset ``indices`` in the batch trained next, on their device."""
@@ -333,7 +336,7 @@ def _eager_update(ds: InfoBatch, loss: Tensor, indices: Tensor | None, positions
 def _update_served(sampler: PrunedSampler, loss: Tensor) -> Tensor:
     """``update(loss)``: ``loss`` belongs to the next ``len(loss)`` samples ``sampler`` served."""
     k = loss.shape[0]
-    plan, idx, scored = sampler.take(k, gathered=True)  # checked against the batch the loader fetched
+    plan, idx, scored, _, _ = sampler.take(k, gathered=True)  # checked against the batch the loader fetched
     assert idx is not None
     sampler.store(idx if scored >= k else _unscored(idx, None, scored, k, sampler.scores.num_samples), loss)
     w = plan.weights_on(loss.device)
@@ -360,7 +363,8 @@ def _update_indexed(sampler: PrunedSampler, loss: Tensor, indices: Any, position
     # Distributed: the ranks gather n rows each, so n must be the batch's size on every rank
     # (gloo aborts the process on unequal sizes); checked against the batch the loader fetched.
     distributed = sampler.distributed
-    plan, _, scored = sampler.prepare(n, batch=distributed)  # checked before anything changes
+    step = sampler.prepare(n, batch=distributed)  # checked before anything changes
+    plan, scored = step.plan, step.scored
     if indices.is_cpu:
         # Our own copy: a caller's CPU tensor can alias memory that changes without torch
         # knowing (torch.from_numpy of a reused array), which no version check would see.
@@ -378,13 +382,14 @@ def _update_indexed(sampler: PrunedSampler, loss: Tensor, indices: Any, position
         sampler.store(idx, scores)
     else:
         sampler.store(idx, loss)
-    sampler.commit(n, gathered=True, indices=indices)  # checked against those served at the epoch's end
+    sampler.commit(step, gathered=True, indices=indices)  # checked against those served at the epoch's end
     return _weighted_mean(loss, w)
 
 
 def _weighted_mean(loss: Tensor, w: Tensor | None) -> Tensor:
     """``mean(loss * w)`` (``w=None``: all 1), reduced in float32 at least: fp16 and bf16 losses come
-    back as float32, so a weighted batch overflows no earlier than ``loss.mean()`` does.
+    back as float32, so a weighted batch overflows no earlier than ``loss.mean()`` does. ``w`` is the
+    batch's weights just gathered: scaled in place.
 
     Example:
         >>> half = torch.tensor([48_000.0, 48_000.0], dtype=torch.float16)
@@ -393,7 +398,18 @@ def _weighted_mean(loss: Tensor, w: Tensor | None) -> Tensor:
         (72000.0, torch.float32, inf)
     """
     wide = loss if loss.dtype.itemsize >= 4 else loss.float()
-    return wide.mean() if w is None else (wide * w).mean()
+    if w is None:
+        return wide.mean()
+    k = wide.shape[0]
+    if k and wide.dtype is torch.float32:  # one dot product: two autograd nodes fewer than mean(loss * w)
+        return torch.dot(wide, w.mul_(_reciprocal(k)))
+    return (wide * w).mean()
+
+
+@functools.lru_cache(maxsize=64)
+def _reciprocal(k: int) -> Tensor:
+    """``1 / k`` as a 0-dim CPU tensor, made once per batch size (a Python scalar in an op costs more)."""
+    return torch.tensor(1.0 / k)
 
 
 def _gather_checked(table: ScoreTable, plan: Plan, device: torch.device, rows: Tensor) -> Tensor | None:

@@ -52,20 +52,23 @@ Key = tuple[int, int, int]  # a batch: (size, first dataset index, last dataset 
 
 
 class Step(NamedTuple):
-    """What an update trains: the plan that served it, its dataset indices (if asked), the rows that score.
+    """What an update trains: the plan that served it, its dataset indices (if asked), the rows that
+    score, how many samples, and the iteration they come from (``None``: none is served; nothing counts).
 
     ``scored`` counts the leading rows that are not padding (repeats at an epoch's end so every rank
     trains as many): a padded row trains but never scores, so merging ranks' scores is order-free.
 
     Example:
         >>> from leanbatch.policies import full_plan
-        >>> Step(full_plan(0, 4), None, 4).scored
+        >>> Step(full_plan(0, 4), None, 4, 4, None).scored
         4
     """
 
     plan: Plan
     indices: Tensor | None
     scored: int
+    n: int
+    iteration: Iteration | None
 
 
 @dataclass

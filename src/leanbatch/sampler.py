@@ -59,7 +59,7 @@ class PrunedSampler(Sampler[int]):
         >>> sampler = PrunedSampler(table, InfoBatchPolicy(0.5, num_epochs=2, delta=1.0), seed=0)
         >>> sorted(sampler)                              # nothing scored yet: every sample
         [0, 1, 2, 3, 4, 5, 6, 7]
-        >>> idx, plan = sampler.claim(8)                 # trained: the losses of these 8 samples
+        >>> idx = sampler.take(8).indices                # trained: the losses of these 8 samples
         >>> table.update(idx, idx.float())               # scores 0..7, mean 3.5
         >>> sampler.epoch, len(sampler)                  # len(): epoch 0's (not asked for more since)
         (1, 8)
@@ -317,21 +317,22 @@ class PrunedSampler(Sampler[int]):
             fetched = self.fetches.any
             if indices or fetched:
                 raise RuntimeError(no_batch(what, fetched))
-            return Step(self.plan(), None, n)
+            return Step(self.plan(), None, n, n, None)
         if batch:
             self.fetches.check_size(it, n, "loss" if indices else "indices")
-        return Step(it.plan, it.peek(n) if indices else None, it.scored(n))
+        return Step(it.plan, it.peek(n) if indices else None, it.scored(n), n, it)
 
     def take(self, n: int, gathered: bool = False) -> Step:
         """:meth:`prepare` the next fetched batch of ``n`` served samples (its indices included) and
-        :meth:`commit` it at once, for a step that stores its scores after (see :meth:`store`)."""
+        :meth:`commit` it at once: for a step that stores its scores after (:meth:`store`, or
+        ``table.update(step.indices, losses)`` in a loop of its own)."""
         it = self._serving(n, "update(loss) without indices")
         if it is None:  # the error that says why
             self.prepare(n, indices=True, batch=True, what="update(loss) without indices")
         assert it is not None
         self.fetches.check_batch(it, n)  # checked against the batch fetched, before anything changes
-        scored = it.scored(n)
-        step = Step(it.plan, it.train(n), scored)
+        scored = it.scored(n)  # before the samples are marked
+        step = Step(it.plan, it.train(n), scored, n, it)
         if it.account is not None:  # an earlier update named its indices: these count as trained
             it.record(step.indices, 0)
         self._marked(it, n, gathered)
@@ -352,14 +353,16 @@ class PrunedSampler(Sampler[int]):
         else:
             self.scores.store(indices, losses, check=False)
 
-    def commit(self, n: int, gathered: bool = False, indices: Tensor | None = None) -> None:
-        """Mark the next ``n`` served samples trained (after their scores were stored). ``gathered``:
-        their scores reached every rank (:meth:`store`); otherwise, when the epoch ends here, the
-        ranks' scores are merged (every rank trains its last sample at the same step). ``indices``:
-        those the update named, checked against those served at the iteration's end (not with
-        ``shard=False`` under DDP, where a rank trains a share of what it served)."""
-        it = self._serving(n, "commit")
+    def commit(self, step: Step, gathered: bool = False, indices: Tensor | None = None) -> None:
+        """Mark the samples of a :meth:`prepare`-d ``step`` trained (after their scores were stored).
+        ``gathered``: their scores reached every rank (:meth:`store`); otherwise, when the epoch ends
+        here, the ranks' scores are merged (every rank trains its last sample at the same step).
+        ``indices``: those the update named, checked against those served at the iteration's end (not
+        with ``shard=False`` under DDP, where a rank trains a share of what it served)."""
+        it, n = step.iteration, step.n
         if it is not None:
+            if n > it.in_flight:  # marked since it was prepared
+                raise ValueError(not_served("commit", n, it.in_flight))
             it.record(indices if self.shard or not self._distributed else None, self.scores.num_samples)
             it.take(n)
             self._marked(it, n, gathered)
@@ -371,19 +374,6 @@ class PrunedSampler(Sampler[int]):
         if it.done:
             self.merge()  # on every rank before any check can raise
             it.close()
-
-    def claim(self, n: int) -> tuple[Tensor, Plan]:
-        """Mark the next batch of ``n`` served samples trained; their dataset indices (int64, CPU) and
-        their plan. For a loop that stores the scores itself (``table.update(idx, loss)``)."""
-        step = self.take(n)
-        assert step.indices is not None
-        return step.indices, step.plan
-
-    def peek(self, n: int) -> Tensor:
-        """The dataset indices (int64, CPU) of the next ``n`` served samples, without marking them."""
-        step = self.prepare(n, indices=True, what="next_indices()")
-        assert step.indices is not None
-        return step.indices
 
     def set_epoch(self, epoch: int) -> None:
         """Serve ``epoch`` (0-based) next; merges the ranks' scores (call it on every rank). The epoch

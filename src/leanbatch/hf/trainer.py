@@ -325,7 +325,7 @@ class LeanbatchMixin(_Base):
                 )
         finally:
             self._lb_step = None
-        ds.sampler.commit(n, gathered=True)  # every process stored every process's scores
+        ds.sampler.commit(step, gathered=True)  # every process stored every process's scores
         return out
 
     def _lb_trained(self, ds: InfoBatch, local: int) -> tuple[int, int]:
