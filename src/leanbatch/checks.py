@@ -34,6 +34,7 @@ __all__ = [
     "check_fraction",
     "check_int",
     "check_per_sample_loss",
+    "check_positions",
     "check_interval",
     "check_ratio",
     "check_real",
@@ -279,6 +280,24 @@ def check_index_tensor(value: Any, name: str) -> torch.Tensor:
     if t.dim() != 1 or t.dtype not in _INDEX_DTYPES:
         raise TypeError(f"{name} must be a 1-D integer tensor, got {t.dtype} {tuple(t.shape)}")
     return t
+
+
+def check_positions(positions: Any, k: int, n: int) -> Tensor:
+    """``positions``: one row of a batch of ``n`` per each of ``k`` losses (the range checked on CPU; on
+    a device, where the rows are gathered).
+
+    Example:
+        >>> check_positions([0, 2], 2, 3).tolist()
+        [0, 2]
+    """
+    positions = check_index_tensor(positions, "positions")
+    if positions.shape[0] != k:
+        raise ValueError(
+            f"loss has {k} entries but positions has {positions.shape[0]}: one position per loss"
+        )
+    if positions.device.type == "cpu" and k and not 0 <= int(positions.min()) <= int(positions.max()) < n:
+        raise IndexError(f"positions must be rows of the batch, in [0, {n})")
+    return positions
 
 
 def check_saved_tensor(

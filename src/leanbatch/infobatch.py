@@ -16,7 +16,13 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from leanbatch.checks import check_index_tensor, check_map_dataset, check_per_sample_loss, require
+from leanbatch.checks import (
+    check_index_tensor,
+    check_map_dataset,
+    check_per_sample_loss,
+    check_positions,
+    require,
+)
 from leanbatch.policies.base import Policy
 from leanbatch.policies.infobatch import make_policy
 from leanbatch.policies.plan import Plan
@@ -101,8 +107,6 @@ class InfoBatch(Dataset):
         n = check_map_dataset(dataset)
         policy_obj = make_policy(policy, prune_ratio, num_epochs, delta)
         self.dataset = dataset
-        self.prune_ratio = prune_ratio
-        self.delta = delta
         options = dict(getattr(policy_obj, "score_table_options", dict)())
         if ema is not None:
             options["ema"] = ema  # the policy's bind() refuses a table it cannot rank by
@@ -340,10 +344,7 @@ def _update_served(sampler: PrunedSampler, loss: Tensor) -> Tensor:
     assert idx is not None
     sampler.store(idx if scored >= k else _unscored(idx, None, scored, k, sampler.scores.num_samples), loss)
     w = plan.weights_on(loss.device)
-    if w is None:
-        return _weighted_mean(loss, None)
-    rows = idx if w.is_cpu else idx.to(w.device, non_blocking=True)
-    return _weighted_mean(loss, w.index_select(0, plan.local_rows(rows)))
+    return _weighted_mean(loss, None if w is None else w.index_select(0, plan.local_rows(_on(idx, w))))
 
 
 def _update_indexed(sampler: PrunedSampler, loss: Tensor, indices: Any, positions: Tensor | None) -> Tensor:
@@ -359,15 +360,12 @@ def _update_indexed(sampler: PrunedSampler, loss: Tensor, indices: Any, position
             "(the rows of the batch the losses belong to) for a selected subset"
         )
     if positions is not None:
-        positions = _check_positions(positions, k, n)
-    # Distributed: the ranks gather n rows each, so n must be the batch's size on every rank
-    # (gloo aborts the process on unequal sizes); checked against the batch the loader fetched.
-    distributed = sampler.distributed
+        positions = check_positions(positions, k, n)
+    distributed = sampler.distributed  # the ranks gather n rows each: n is checked to be the batch's
     step = sampler.prepare(n, batch=distributed)  # checked before anything changes
     plan, scored = step.plan, step.scored
     if indices.is_cpu:
-        # Our own copy: a caller's CPU tensor can alias memory that changes without torch
-        # knowing (torch.from_numpy of a reused array), which no version check would see.
+        # our own copy: a caller's can alias memory that changes unseen (torch.from_numpy)
         indices = indices.clone() if indices.dtype is torch.int64 else indices.long()
     rows = indices if positions is None else _on(indices, positions).index_select(0, positions)
     w = _gather_checked(sampler.scores, plan, loss.device, rows)  # before anything changes
@@ -429,18 +427,6 @@ def _gather_checked(table: ScoreTable, plan: Plan, device: torch.device, rows: T
             raise
     table.check_indices(rows)
     return None if w is None else w.index_select(0, plan.local_rows(_on(rows, w)))
-
-
-def _check_positions(positions: Any, k: int, n: int) -> Tensor:
-    """``positions``: one row of the batch per loss (checked on CPU; on a device at the gather)."""
-    positions = check_index_tensor(positions, "positions")
-    if positions.shape[0] != k:
-        raise ValueError(
-            f"loss has {k} entries but positions has {positions.shape[0]}: one position per loss"
-        )
-    if positions.device.type == "cpu" and k and not 0 <= int(positions.min()) <= int(positions.max()) < n:
-        raise IndexError(f"positions must be rows of the batch, in [0, {n})")
-    return positions
 
 
 def _unscored(rows: Tensor, positions: Tensor | None, scored: int, n: int, spare: int) -> Tensor:
