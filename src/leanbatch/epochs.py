@@ -7,9 +7,9 @@
   merges the ranks' scores where every rank is at the same point, so planning is a local,
   deterministic function of the merged table.
 - :func:`check_agreement` refuses to plan from scores the other ranks never saw.
-- The warnings a run gives once (:func:`warn_past_end`, :func:`warn_skipped`, :func:`warn_stale_len`).
 
-The sampler's argument checks and its saved state live beside it, in :mod:`leanbatch.sampler_state`.
+The sampler's argument checks and its saved state live beside it, in :mod:`leanbatch.sampler_state`;
+the warnings a loop gets once, with the misuse messages, in :mod:`leanbatch.misuse`.
 
 Example:
     >>> import torch
@@ -24,7 +24,6 @@ Example:
 from __future__ import annotations
 
 import math
-import warnings
 from typing import Any
 
 import torch
@@ -40,9 +39,6 @@ __all__ = [
     "check_agreement",
     "local_length",
     "plan_epoch",
-    "warn_past_end",
-    "warn_skipped",
-    "warn_stale_len",
 ]
 
 
@@ -125,67 +121,3 @@ def check_agreement(world: int, shard: bool, group: Any, stored: bool, unmerged:
             "plan a different epoch and the shards would overlap or miss samples): call "
             "torch.distributed.init_process_group() before training, or drop num_replicas/rank"
         )
-
-
-def _first(warned: set[str], what: str) -> bool:
-    """Whether the warning ``what`` is given for the first time (noted in ``warned``)."""
-    first = what not in warned
-    warned.add(what)
-    return first
-
-
-def warn_past_end(warned: set[str], num_epochs: int, epoch: int) -> None:
-    """Warn (once per run: ``warned`` holds those given) that ``epoch`` is past ``num_epochs``.
-
-    Example:
-        >>> import warnings
-        >>> with warnings.catch_warnings(record=True) as w:
-        ...     warnings.simplefilter("always"); warn_past_end(set(), 2, 2)
-        >>> "all 2 epochs" in str(w[0].message)
-        True
-    """
-    if not _first(warned, "past_end"):
-        return
-    warnings.warn(
-        f"all {num_epochs} epochs (num_epochs={num_epochs}) are trained: epoch {epoch} serves nothing "
-        "(training on would run at progress 1.0, where a ProgressLR schedule is at its end); build the "
-        "wrapper with num_epochs= the number of epochs you train",
-        RuntimeWarning,
-        stacklevel=4,
-    )
-
-
-def warn_skipped(warned: set[str], epoch: int, next_epoch: int, num_epochs: int) -> None:
-    """Warn (once per run) that ``set_epoch(epoch)`` skips untrained epochs from ``next_epoch`` on."""
-    if not _first(warned, "skip"):
-        return
-    skipped = f"epoch {next_epoch}" if epoch == next_epoch + 1 else f"epochs {next_epoch} .. {epoch - 1}"
-    warnings.warn(
-        f"set_epoch({epoch}) skips {skipped}, which trained nothing: epochs are 0-based (for epoch in "
-        f"range({num_epochs}): ds.set_epoch(epoch)); a 1-based loop skips epoch 0 and its warm-up and "
-        "trains nothing in its last epoch",
-        stacklevel=3,
-    )
-
-
-def warn_stale_len(warned: set[str], finished: int, read: int, epoch: int, length: int) -> None:
-    """Warn (once per run) that a length read between epochs was the finished epoch's, not the next's.
-
-    Example:
-        >>> import warnings
-        >>> with warnings.catch_warnings(record=True) as w:
-        ...     warnings.simplefilter("always"); warn_stale_len(set(), 0, 96, 1, 60)
-        >>> "ds.set_epoch(epoch)" in str(w[0].message)
-        True
-    """
-    if not _first(warned, "stale_len"):
-        return
-    warnings.warn(
-        f"len() read after epoch {finished}'s last step gave {read} samples, epoch {finished}'s, but "
-        f"epoch {epoch}, which begins now, serves {length}: with DataLoader worker processes (or any "
-        "loader that reads ahead) the sampler cannot see that the loop's pass is over, so a length read "
-        "between epochs is the finished epoch's, and a schedule built from it (OneCycleLR("
-        "steps_per_epoch=len(loader))) has the wrong number of steps. Call ds.set_epoch(epoch) at the "
-        "top of each epoch, before reading len(loader)",
-        stacklevel=4,
-    )

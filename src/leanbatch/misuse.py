@@ -1,6 +1,7 @@
-"""The errors of a loop that trains what the sampler cannot place: one message each, naming the fix.
+"""The errors of a loop that trains what the sampler cannot place, and the warnings a loop that
+trains oddly gets once a run: one message each, naming the fix.
 
-The sampler and its record (:mod:`leanbatch.ledger`) raise them; the messages live here, in one
+The sampler and its record (:mod:`leanbatch.ledger`) raise and warn; the messages live here, in one
 place, so each says the same wherever it is raised.
 
 Example:
@@ -10,7 +11,18 @@ Example:
 
 from __future__ import annotations
 
-__all__ = ["epochs_over", "no_batch", "not_served", "size_error", "why_not"]
+import warnings
+
+__all__ = [
+    "epochs_over",
+    "no_batch",
+    "not_served",
+    "size_error",
+    "warn_past_end",
+    "warn_skipped",
+    "warn_stale_len",
+    "why_not",
+]
 
 
 def epochs_over(what: str, num_epochs: int) -> str:
@@ -72,4 +84,68 @@ def why_not(key: tuple[int, int, int], like: tuple[int, int, int] | None, none_s
         "ds.sampler's indices (length bucketing) needs the batch's dataset indices, update(loss, "
         "indices); otherwise pass one loss per sample of the batch (reduction='none'), one update() "
         "per batch"
+    )
+
+
+def _first(warned: set[str], what: str) -> bool:
+    """Whether the warning ``what`` is given for the first time (noted in ``warned``)."""
+    first = what not in warned
+    warned.add(what)
+    return first
+
+
+def warn_past_end(warned: set[str], num_epochs: int, epoch: int) -> None:
+    """Warn (once per run: ``warned`` holds those given) that ``epoch`` is past ``num_epochs``.
+
+    Example:
+        >>> import warnings
+        >>> with warnings.catch_warnings(record=True) as w:
+        ...     warnings.simplefilter("always"); warn_past_end(set(), 2, 2)
+        >>> "all 2 epochs" in str(w[0].message)
+        True
+    """
+    if not _first(warned, "past_end"):
+        return
+    warnings.warn(
+        f"all {num_epochs} epochs (num_epochs={num_epochs}) are trained: epoch {epoch} serves nothing "
+        "(training on would run at progress 1.0, where a ProgressLR schedule is at its end); build the "
+        "wrapper with num_epochs= the number of epochs you train",
+        RuntimeWarning,
+        stacklevel=4,
+    )
+
+
+def warn_skipped(warned: set[str], epoch: int, next_epoch: int, num_epochs: int) -> None:
+    """Warn (once per run) that ``set_epoch(epoch)`` skips untrained epochs from ``next_epoch`` on."""
+    if not _first(warned, "skip"):
+        return
+    skipped = f"epoch {next_epoch}" if epoch == next_epoch + 1 else f"epochs {next_epoch} .. {epoch - 1}"
+    warnings.warn(
+        f"set_epoch({epoch}) skips {skipped}, which trained nothing: epochs are 0-based (for epoch in "
+        f"range({num_epochs}): ds.set_epoch(epoch)); a 1-based loop skips epoch 0 and its warm-up and "
+        "trains nothing in its last epoch",
+        stacklevel=3,
+    )
+
+
+def warn_stale_len(warned: set[str], finished: int, read: int, epoch: int, length: int) -> None:
+    """Warn (once per run) that a length read between epochs was the finished epoch's, not the next's.
+
+    Example:
+        >>> import warnings
+        >>> with warnings.catch_warnings(record=True) as w:
+        ...     warnings.simplefilter("always"); warn_stale_len(set(), 0, 96, 1, 60)
+        >>> "ds.set_epoch(epoch)" in str(w[0].message)
+        True
+    """
+    if not _first(warned, "stale_len"):
+        return
+    warnings.warn(
+        f"len() read after epoch {finished}'s last step gave {read} samples, epoch {finished}'s, but "
+        f"epoch {epoch}, which begins now, serves {length}: with DataLoader worker processes (or any "
+        "loader that reads ahead) the sampler cannot see that the loop's pass is over, so a length read "
+        "between epochs is the finished epoch's, and a schedule built from it (OneCycleLR("
+        "steps_per_epoch=len(loader))) has the wrong number of steps. Call ds.set_epoch(epoch) at the "
+        "top of each epoch, before reading len(loader)",
+        stacklevel=4,
     )

@@ -19,9 +19,9 @@ from torch.utils.data import Sampler
 
 from leanbatch.checks import check_bool, check_int, check_seed
 from leanbatch.distributed.exchange import ScoreExchange, merge_scores
-from leanbatch.epochs import check_agreement, plan_epoch, warn_past_end, warn_skipped, warn_stale_len
+from leanbatch.epochs import check_agreement, plan_epoch
 from leanbatch.ledger import Fetches, Iteration, Step, front
-from leanbatch.misuse import epochs_over, no_batch, not_served
+from leanbatch.misuse import epochs_over, no_batch, not_served, warn_past_end, warn_skipped, warn_stale_len
 from leanbatch.policies.base import Policy
 from leanbatch.policies.parts import Comm
 from leanbatch.policies.plan import Plan
