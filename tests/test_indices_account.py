@@ -222,6 +222,9 @@ def _ranks_body(rank: int, out: str) -> None:
             ds.set_epoch(epoch)
             for _, idx in DataLoader(ds, batch_size=4, sampler=ds.sampler):
                 ds.update(own_loss(idx), idx)
+                account = ds.sampler._its[-1].account if ds.sampler._its else None
+                if account is not None:  # one row per index the table holds (and the spare)
+                    results[name + "_rows"] = account.served.numel()
         results[name] = (ds.progress, ds.epoch_stats[-1]["padded"], ds.epoch_stats[1]["pruning"])
     ds = InfoBatch(data(45), num_epochs=3, seed=0)
     try:
@@ -240,6 +243,7 @@ def test_each_rank_checks_its_own_share_plain_and_sharded_and_refuses_wrong_indi
     for rank in range(2):
         got = torch.load(tmp_path / f"rank{rank}.pt")
         assert got["plain"] == (1.0, 1, True) and got["sharded"][0] == 1.0 and got["sharded"][2]
+        assert got["plain_rows"] == 45 + 1 and got["sharded_rows"] == (23 if rank == 0 else 22) + 1
         assert "epoch 0 did not serve on this rank" in got["wrong"]
 
 
@@ -275,3 +279,18 @@ def test_indices_modified_in_place_before_they_are_counted_are_refused() -> None
     named.fill_(5)
     with pytest.raises(RuntimeError, match=r"modified in place before it was counted"):
         account.close(epoch=0, whole=True)
+
+
+def test_a_sharded_tables_account_counts_its_own_rows_and_names_an_index_it_does_not_own() -> None:
+    """With ``owner=(world, rank)`` the counts are one per index the rank owns (O(N / world), as the
+    table), plus one row for any other: an index of another rank's never lands on an owned row."""
+    from leanbatch.accounts import IndexAccount
+
+    right = IndexAccount(3, torch.tensor([0, 2, 4]), owner=(2, 0))  # rank 0 of 2 owns 0, 2, 4
+    right.train(torch.tensor([4, 0, 2]))
+    right.close(epoch=0, whole=True)
+    assert right.served.numel() == 4
+    wrong = IndexAccount(3, torch.tensor([0, 2, 4]), owner=(2, 0))
+    wrong.train(torch.tensor([0, 2, 5]))  # 5 // 2 is 4's row: an off-by-one once passed as 4
+    with pytest.raises(ValueError, match=r"an index this rank does not own was named 1 times"):
+        wrong.close(epoch=0, whole=True)

@@ -43,28 +43,41 @@ __all__ = ["IndexAccount"]
 class IndexAccount:
     """Served and trained counts per dataset index for one iteration (see the module docstring).
 
-    ``untrained``: the dataset indices the iteration has served and not trained when the account
-    opens (it opens at the iteration's first update with indices); ``exact``: whether the trained
-    multiset must equal the served one at the iteration's end (``False``: a sub-multiset, e.g. when
-    some steps were trained without naming their indices).
+    ``rows``: the rows counted, one per dataset index, or with ``owner=(world, rank)`` (a sharded
+    table's slice) one per index this rank owns (``i // world``), plus one row for the indices it
+    does not own, so the counts take O(N / world) memory as the table does. ``untrained``: the
+    dataset indices the iteration has served and not trained when the account opens (at its first
+    update with indices); ``exact``: whether the trained multiset must equal the served one at the
+    iteration's end (``False``: a sub-multiset, e.g. when some steps named no indices).
     """
 
-    __slots__ = ("served", "trained", "exact", "_one", "_queued", "_queued_n")
+    __slots__ = ("served", "trained", "exact", "owner", "_queued", "_queued_n")
 
     FOLD = 16384  # indices queued before one index_add_ folds them into the trained counts
 
-    def __init__(self, num_samples: int, untrained: Tensor, exact: bool = True):
-        self.served = torch.zeros(num_samples, dtype=torch.int32)
-        self.served.index_put_((untrained,), torch.ones((), dtype=torch.int32), accumulate=True)
+    def __init__(
+        self, rows: int, untrained: Tensor, owner: tuple[int, int] | None = None, exact: bool = True
+    ):
+        self.owner = owner
+        self.served = torch.zeros(rows + 1, dtype=torch.int32)
         self.trained: Tensor | None = None  # on the device of the first indices trained
-        self._one = torch.ones((), dtype=torch.int32)  # served counts (CPU)
         self._queued: list[tuple[Tensor, int]] = []  # named indices not counted yet, with their versions
         self._queued_n = 0
         self.exact = exact
+        self.serve(untrained)
+
+    def _rows(self, indices: Tensor) -> Tensor:
+        """The counted row of each dataset index (the last row: one this rank does not own)."""
+        if self.owner is None:
+            return indices
+        world, rank = self.owner
+        spare = torch.full_like(indices, self.served.shape[0] - 1)
+        return torch.where(indices % world == rank, torch.div(indices, world, rounding_mode="floor"), spare)
 
     def serve(self, indices: Tensor) -> None:
         """The iteration served ``indices`` (int64, CPU) next."""
-        self.served.index_put_((indices,), self._one, accumulate=True)
+        rows = self._rows(indices)
+        self.served.index_add_(0, rows, torch.ones(rows.shape, dtype=torch.int32))
 
     def train(self, indices: Tensor) -> None:
         """An update named ``indices`` (int64, checked to be dataset indices; not modified in place
@@ -87,8 +100,10 @@ class IndexAccount:
             self.trained = torch.zeros(self.served.shape, dtype=torch.int32, device=queued[0][0].device)
         trained = self.trained
         dev = trained.device
-        named = torch.cat([t if t.device == dev else t.to(dev, non_blocking=True) for t, _ in queued])
-        trained.index_add_(0, named, torch.ones(named.shape, dtype=torch.int32, device=trained.device))
+        rows = self._rows(
+            torch.cat([t if t.device == dev else t.to(dev, non_blocking=True) for t, _ in queued])
+        )
+        trained.index_add_(0, rows, torch.ones(rows.shape, dtype=torch.int32, device=dev))
 
     def close(self, epoch: int, whole: bool) -> None:
         """Check the account (one host sync): ``whole``, the iteration was trained to its end, so the
@@ -102,9 +117,13 @@ class IndexAccount:
             return
         over = (trained > served).nonzero()  # named more often than served: the likeliest culprit
         i = int((over if len(over) else (trained < served).nonzero())[0, 0])
+        world, rank = self.owner or (1, 0)
+        which = (
+            "an index this rank does not own" if i == len(served) - 1 else f"dataset index {i * world + rank}"
+        )
         raise ValueError(
             f"update(loss, indices) was given indices that epoch {epoch} did not serve on this rank: "
-            f"dataset index {i} was named {int(trained[i])} times by the updates and served "
+            f"{which} was named {int(trained[i])} times by the updates and served "
             f"{int(served[i])} times{'' if whole else ' (before the epoch was left)'}, so scores and "
             "weights went to the wrong samples. Pass the dataset indices each batch carries (e.g. "
             "wrap the dataset in leanbatch.indexed.WithIndex and take them from the batch), not rows "

@@ -130,14 +130,15 @@ class Iteration:
         if self.account is not None:
             self.account.serve(indices)
 
-    def record(self, indices: Tensor | None, num_samples: int) -> None:
-        """The next update names ``indices`` (the first opens the account), or ``None``: some do not."""
+    def record(self, indices: Tensor | None, rows: int = 0, owner: tuple[int, int] | None = None) -> None:
+        """The next update names ``indices`` (the first opens the account: the table's ``rows`` and
+        ``owner``, see :class:`~leanbatch.accounts.IndexAccount`), or ``None``: some do not."""
         if indices is None:
             if self.account is not None:
                 self.account.exact = False  # that step's samples are served, not counted as trained
         else:
             if self.account is None:
-                self.account = IndexAccount(num_samples, self.peek(self.in_flight))
+                self.account = IndexAccount(rows, self.peek(self.in_flight), owner)
             self.account.train(indices)
 
     def close(self) -> None:

@@ -334,7 +334,7 @@ class PrunedSampler(Sampler[int]):
         scored = it.scored(n)  # before the samples are marked
         step = Step(it.plan, it.train(n), scored, n, it)
         if it.account is not None:  # an earlier update named its indices: these count as trained
-            it.record(step.indices, 0)
+            it.record(step.indices)
         self._marked(it, n, gathered)
         return step
 
@@ -363,7 +363,8 @@ class PrunedSampler(Sampler[int]):
         if it is not None:
             if n > it.in_flight:  # marked since it was prepared
                 raise ValueError(not_served("commit", n, it.in_flight))
-            it.record(indices if self.shard or not self._distributed else None, self.scores.num_samples)
+            named = indices if self.shard or not self._distributed else None
+            it.record(named, self.scores.rows, self.scores.owner)
             it.take(n)
             self._marked(it, n, gathered)
 
