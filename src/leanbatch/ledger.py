@@ -23,7 +23,7 @@ Example:
     >>> it = Iteration(0, full_plan(0, 10), world=2, rank=1, origin=0, length=5)
     >>> it.add(torch.tensor([7, 3, 9]), [7, 3, 9]); it.peek(2).tolist(), it.key(3)
     ([7, 3], (3, 7, 9))
-    >>> it.take(2); it.order_position, it.scored(3)   # rank 1's positions 5, 7, 9 hold kept samples
+    >>> it.mark(2); it.order_position, it.scored(3)   # rank 1's positions 5, 7, 9 hold kept samples
     (4, 3)
 """
 
@@ -163,18 +163,18 @@ class Iteration:
             last -= len(values)
         raise AssertionError("key() of samples not served")
 
-    def train(self, n: int) -> Tensor:
-        """The dataset indices of the next ``n`` served samples, marked trained (one step)."""
+    def take(self, n: int) -> Tensor:
+        """:meth:`peek` the dataset indices of the next ``n`` served samples and :meth:`mark` them (one step)."""
         trained = self.trained
         if trained + n < self.head_end:  # the common step: inside one chunk, which stays
             self.trained = trained + n
             offset = trained - self.head
             return self.chunks[0][offset : offset + n]
         indices = self.peek(n)
-        self.take(n)
+        self.mark(n)
         return indices
 
-    def take(self, n: int) -> None:
+    def mark(self, n: int) -> None:
         """Mark the next ``n`` served samples trained, dropping chunks trained to their end."""
         self.trained += n
         while self.trained >= self.head_end and self.chunks:

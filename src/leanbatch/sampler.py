@@ -332,7 +332,7 @@ class PrunedSampler(Sampler[int]):
         assert it is not None
         self.fetches.check_batch(it, n)  # checked against the batch fetched, before anything changes
         scored = it.scored(n)  # before the samples are marked
-        step = Step(it.plan, it.train(n), scored, n, it)
+        step = Step(it.plan, it.take(n), scored, n, it)
         if it.account is not None:  # an earlier update named its indices: these count as trained
             it.record(step.indices)
         self._marked(it, n, gathered)
@@ -365,7 +365,7 @@ class PrunedSampler(Sampler[int]):
                 raise ValueError(not_served("commit", n, it.in_flight))
             named = indices if self.shard or not self._distributed else None
             it.record(named, self.scores.rows, self.scores.owner)
-            it.take(n)
+            it.mark(n)
             self._marked(it, n, gathered)
 
     def _marked(self, it: Iteration, n: int, gathered: bool) -> None:
