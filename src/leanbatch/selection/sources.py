@@ -11,6 +11,7 @@ deciding what to read or score reads nothing from the device.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -19,7 +20,7 @@ from torch import Tensor, nn
 
 from leanbatch.checks import check_autocast, check_bool, check_fraction, check_int
 from leanbatch.scores import ScoreTable
-from leanbatch.selection.batches import index_batch, slice_batch
+from leanbatch.selection.batches import first_tensor, index_batch, slice_batch
 from leanbatch.selection.layout import Rows
 from leanbatch.selection.scoring import (
     PerExampleLoss,
@@ -27,7 +28,10 @@ from leanbatch.selection.scoring import (
     check_downsample,
     check_losses,
     check_model,
-    compute_losses,
+    default_forward,
+    model_output,
+    preserved_training_state,
+    scaled_forward,
 )
 from leanbatch.selection.stats import SelectionStats
 
@@ -122,21 +126,26 @@ class ForwardScores(Source):
     def losses(
         self, model: Any, inputs: Any, target: Any, n: int, loss_fn: Any = None, dry_run: bool = False
     ) -> Tensor:
-        """Float32 selection losses of ``n`` examples; ``dry_run``: in eval mode, unchunked."""
+        """Float32 ``(n,)`` losses of one no-grad selection pass (training state kept; no host
+        sync), ``chunk_size`` rows per forward; ``dry_run``: in eval mode, unchunked."""
+        loss, forward = self.loss(loss_fn), self.forward_fn or default_forward
         eval_mode = isinstance(model, nn.Module) if dry_run else self.eval_mode
-        return compute_losses(
-            model,
-            inputs,
-            target,
-            self.loss(loss_fn),
-            n,
-            scale_factor=self.scale_factor,
-            chunk_size=None if dry_run else self.chunk_size,
-            autocast=self.autocast,
-            eval_mode=eval_mode,
-            forward=self.forward_fn,
-            name=self.loss_name,
-        )
+        step = n if dry_run or self.chunk_size is None else max(1, min(self.chunk_size, n))
+        lead = first_tensor(inputs)
+        device = lead.device if lead is not None else torch.device("cpu")
+        precision: Any = contextlib.nullcontext()
+        if self.autocast is not None:
+            dtype = None if isinstance(self.autocast, bool) else self.autocast
+            precision = torch.autocast(device.type, dtype=dtype, enabled=self.autocast is not False)
+        parts: list[Tensor] = []
+        with torch.no_grad(), preserved_training_state(model, eval_mode), precision:
+            for start in range(0, n, step):
+                stop = min(n, start + step)
+                x = inputs if step == n else slice_batch(inputs, start, stop, n)
+                y = target if step == n else slice_batch(target, start, stop, n)
+                out = model_output(scaled_forward(forward, model, x, self.scale_factor))
+                parts.append(check_losses(loss(out, y), stop - start, self.loss_name))
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def check_batch(self, rows: Rows, loss_fn: Any) -> None:
         self.loss(loss_fn)  # no loss function: fail now, whatever the progress
