@@ -13,10 +13,29 @@ Backprop"; its code alternates.)
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
-from leanbatch.checks import check_int, check_interval
+from leanbatch.checks import check_int, check_interval, check_real
 
-__all__ = ["Window", "should_selective_backprop"]
+__all__ = ["Window", "check_progress", "should_selective_backprop"]
+
+_PROGRESS = (
+    "the fraction of training done, e.g. leanbatch.training_progress(epoch=, num_epochs=, batch_idx=, "
+    "batches_per_epoch=), which is always in [0, 1]"
+)
+
+
+def check_progress(progress: Any) -> float:
+    """``progress`` if it is a Python number in [0, 1] (read without a device sync), else an error
+    naming it.
+
+    Example:
+        >>> check_progress(0.25)
+        0.25
+    """
+    if isinstance(progress, bool) or not isinstance(progress, (int, float)):
+        raise TypeError(f"progress must be a Python float (the fraction of training done), got {progress!r}")
+    return check_real(progress, "progress", 0.0, 1.0, hint=_PROGRESS)
 
 
 def should_selective_backprop(

@@ -20,25 +20,20 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from leanbatch.checks import check_bool, check_int, check_real, require
+from leanbatch.checks import check_bool, check_int, require
 from leanbatch.progress import training_progress
 from leanbatch.rng import Generators
 from leanbatch.scores import ScoreTable
 from leanbatch.selection.batches import BatchAccumulator, index_batch
 from leanbatch.selection.layout import Key, Keys, Selection, read_rows
 from leanbatch.selection.rules import Draw, Rule
-from leanbatch.selection.schedule import Window
+from leanbatch.selection.schedule import Window, check_progress
 from leanbatch.selection.scope import Scope
 from leanbatch.selection.sources import Source
 from leanbatch.selection.stats import SelectionStats
 
 if TYPE_CHECKING:  # the history rule's buffer, for the type of Selector.history only
     from leanbatch.selection.history import LossHistory
-
-_PROGRESS = (
-    "the fraction of training done, e.g. leanbatch.training_progress(epoch=, num_epochs=, batch_idx=, "
-    "batches_per_epoch=), which is always in [0, 1]"
-)
 
 
 class Selector:
@@ -402,7 +397,4 @@ def _step(progress: Any, batch_idx: Any) -> tuple[float, int]:
         return progress, batch_idx  # the usual call: nothing more to check
     if progress is None or batch_idx is None:
         raise TypeError("select() needs progress= (fraction of training done) and batch_idx=")
-    if isinstance(progress, bool) or not isinstance(progress, (int, float)):
-        raise TypeError(f"progress must be a Python float (fraction of training done), got {progress!r}")
-    check_real(progress, "progress", 0.0, 1.0, hint=_PROGRESS)  # a Python float: no device read
-    return progress, check_int(batch_idx, "batch_idx", 0)
+    return check_progress(progress), check_int(batch_idx, "batch_idx", 0)
