@@ -253,7 +253,7 @@ class MemoryScores(Source):
 def _take(rows: Rows, at: Tensor) -> Rows:
     """The rows at positions ``at`` (model inputs and target only)."""
     inputs, target = index_batch(rows.inputs, at, rows.n), index_batch(rows.target, at, rows.n)
-    return Rows(None, inputs, target, int(at.shape[0]), rows.device)
+    return Rows(inputs, target, int(at.shape[0]), rows.device)
 
 
 def check_row_indices(rows: Rows, why: str) -> Tensor:
