@@ -31,21 +31,6 @@ def is_batch(batch: Any) -> bool:
     )
 
 
-def _rebuild_sequence(template: Sequence[Any], items: list[Any]) -> Any:
-    if isinstance(template, tuple) and hasattr(template, "_fields"):  # namedtuple
-        return type(template)(*items)
-    return tuple(items) if isinstance(template, tuple) else items
-
-
-def _rebuild_mapping(template: Mapping[Any, Any], items: dict[Any, Any]) -> Any:
-    if type(template) is dict:
-        return items
-    try:
-        return type(template)(items)  # type: ignore[call-arg]
-    except Exception:  # a mapping type that cannot be built from a dict: a plain dict is still right
-        return items
-
-
 def map_leaves(batch: Any, fn: Callable[[Tensor], Any]) -> Any:
     """Apply ``fn`` to every tensor leaf of ``batch``; non-tensor leaves pass through.
 
@@ -64,9 +49,18 @@ def _zip_leaves(parts: list[Any], fn: Callable[[list[Tensor]], Any]) -> Any:
     if isinstance(first, Tensor):
         return fn(parts)
     if isinstance(first, Mapping):
-        return _rebuild_mapping(first, {k: _zip_leaves([p[k] for p in parts], fn) for k in first})
+        mapping = {k: _zip_leaves([p[k] for p in parts], fn) for k in first}
+        if type(first) is dict:
+            return mapping
+        try:
+            return type(first)(mapping)  # type: ignore[call-arg]
+        except Exception:  # a mapping type that cannot be built from a dict: a plain dict is still right
+            return mapping
     if isinstance(first, (tuple, list)):
-        return _rebuild_sequence(first, [_zip_leaves([p[i] for p in parts], fn) for i in range(len(first))])
+        items = [_zip_leaves([p[i] for p in parts], fn) for i in range(len(first))]
+        if isinstance(first, tuple) and hasattr(first, "_fields"):  # namedtuple
+            return type(first)(*items)
+        return tuple(items) if isinstance(first, tuple) else items
     return first
 
 

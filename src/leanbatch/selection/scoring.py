@@ -324,13 +324,11 @@ def scaled_forward(
         the model failed on its selection input, downsampled by scale_factor=0.5 from (N, 1, 8, 8) to (N, 1, 4, 4)
     """
     small = downsample(inputs, scale_factor, name)
-    if scale_factor >= 1.0:
-        return forward(model, small)
     try:
         return forward(model, small)
-    except torch.cuda.OutOfMemoryError:
-        raise
     except Exception as err:  # the model's own error on the resized input: say which knob to turn
+        if scale_factor >= 1.0 or isinstance(err, torch.cuda.OutOfMemoryError):
+            raise
         raise ValueError(
             f"the model failed on its selection input, downsampled by {name}={scale_factor} from "
             f"{_float_shapes(inputs)} to {_float_shapes(small)}: {type(err).__name__}: {err}. "

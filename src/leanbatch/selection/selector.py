@@ -219,7 +219,9 @@ class Selector:
             st.backpropagated += n
             return Selection(batch, None, None)
         self._device = rows.device
-        t0 = self._tic()
+        if self.timing:
+            self._sync()
+        t0 = time.perf_counter()
         scores = None if self.source is None else self.source.scores(rows, model, loss_fn, st)
         device = rows.device if scores is None else scores.device
         positions, chosen = self.selection_scope.choose(
@@ -323,11 +325,6 @@ class Selector:
     def _sync(self) -> None:
         if self._device is not None and self._device.type == "cuda":
             torch.cuda.synchronize(self._device)
-
-    def _tic(self) -> float:
-        if self.timing:
-            self._sync()
-        return time.perf_counter()
 
     @contextlib.contextmanager
     def step_timer(self) -> Iterator[None]:

@@ -250,12 +250,6 @@ class MemoryScores(Source):
         self.table.load_state_dict(state["memory"]["table"])
 
 
-def _take(rows: Rows, at: Tensor) -> Rows:
-    """The rows at positions ``at`` (model inputs and target only)."""
-    inputs, target = index_batch(rows.inputs, at, rows.n), index_batch(rows.target, at, rows.n)
-    return Rows(inputs, target, int(at.shape[0]), rows.device)
-
-
 def check_row_indices(rows: Rows, why: str) -> Tensor:
     """The batch's dataset indices, a tensor of shape ``(rows.n,)``; ``ValueError`` saying ``why``
     they are needed when they are missing.
@@ -346,7 +340,12 @@ class StaleScores(MemoryScores):
         todo = (~self._fresh(idx, rows.epoch)).nonzero().squeeze(1)  # checked indices: no device read on CPU
         n_todo = int(todo.shape[0])
         if n_todo:
-            sub = rows if n_todo == n else _take(rows, todo.to(rows.device, non_blocking=True))
+            sub = rows
+            if n_todo < n:  # the rows to score, model inputs and target only
+                at = todo.to(rows.device, non_blocking=True)
+                sub = Rows(
+                    index_batch(rows.inputs, at, n), index_batch(rows.target, at, n), n_todo, rows.device
+                )
             self._record(
                 idx.index_select(0, todo), self.source.scores(sub, model, loss_fn, stats), rows.epoch
             )
