@@ -46,13 +46,8 @@ def _nodes(value: Any, path: str) -> Iterator[tuple[str, Any]]:
 
 
 def _check_pair(X: Any, y: Any, scale_factor: float) -> int:
-    """Validate Composer's ``(input, target)`` pair and return the number of examples ``N``.
-
-    ``X`` is a tensor (``N`` = its first dimension) or a dict of them (``N`` =
-    the length of ``y``; every tensor in it must then hold ``N`` rows, 0-d tensors
-    and non-tensor values pass through, but an ``N``-item list is refused: it would
-    silently stop matching the selected rows).
-    """
+    """``N``, the examples of Composer's ``(X, y)`` once checked: ``X``'s first dimension, or for a
+    dict ``X`` the length of ``y`` (its tensors of a batch dimension must all hold ``N`` rows)."""
     if not isinstance(y, Tensor):
         raise TypeError(f"y must be a torch.Tensor batch of targets, got {type(y).__name__}")
     if isinstance(X, Mapping):
