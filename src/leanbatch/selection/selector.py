@@ -27,7 +27,7 @@ from leanbatch.scores import ScoreTable
 from leanbatch.selection.batches import BatchAccumulator, index_batch
 from leanbatch.selection.layout import Key, Keys, Selection, read_rows
 from leanbatch.selection.rules import Draw, Rule
-from leanbatch.selection.schedule import Window, check_progress
+from leanbatch.selection.schedule import Scheduled, Window, check_progress
 from leanbatch.selection.scope import Scope
 from leanbatch.selection.sources import Source
 from leanbatch.selection.stats import SelectionStats
@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # the history rule's buffer, for the type of Selector.history
     from leanbatch.selection.history import LossHistory
 
 
-class Selector:
+class Selector(Scheduled):
     """Batch-level selection composed of a schedule, a source of scores and a rule.
 
     ``source`` is ``None`` for a rule that reads no scores (uniform). ``keys``: ``(input_key,
@@ -87,21 +87,6 @@ class Selector:
     def scope(self) -> str:
         """``"local"`` or ``"global"``: where one choice is made (:mod:`~leanbatch.selection.scope`)."""
         return self.selection_scope.name
-
-    @property
-    def seed(self) -> int:
-        """The seed of the private generators."""
-        return self.generators.seed
-
-    @property
-    def start(self) -> float:
-        """Progress at which selection starts (the schedule's)."""
-        return self.schedule.start
-
-    @property
-    def end(self) -> float:
-        """Progress at which selection stops (``start <= progress < end`` is active)."""
-        return self.schedule.end
 
     @property
     def interrupt(self) -> int:

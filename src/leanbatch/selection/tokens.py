@@ -33,14 +33,14 @@ from torch import Tensor
 from leanbatch.checks import check_choice, check_fraction, check_int, require
 from leanbatch.losses import token_losses
 from leanbatch.rng import Generators
-from leanbatch.selection.schedule import Window, check_progress
+from leanbatch.selection.schedule import Scheduled, Window, check_progress
 
 __all__ = ["TokenSelection"]
 
 _POLICIES = ("excess", "random")
 
 
-class TokenSelection:
+class TokenSelection(Scheduled):
     """Train on the ``keep`` share of each batch's labelled tokens with the largest excess loss.
 
     Args:
@@ -98,21 +98,6 @@ class TokenSelection:
             f"TokenSelection(keep={self.keep}, start={self.start}, end={self.end}, "
             f"policy={self.policy!r}, seed={self.seed})"
         )
-
-    @property
-    def start(self) -> float:
-        """Progress at which selection starts."""
-        return self.schedule.start
-
-    @property
-    def end(self) -> float:
-        """Progress at which selection stops (``start <= progress < end`` is active)."""
-        return self.schedule.end
-
-    @property
-    def seed(self) -> int:
-        """The random policy's seed."""
-        return self.generators.seed
 
     def is_active(self, progress: float) -> bool:
         """Whether a batch at ``progress`` is selected (inside the window and ``keep < 1``).
