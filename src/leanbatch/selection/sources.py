@@ -102,25 +102,23 @@ class ForwardScores(Source):
         self.scale_factor = check_fraction(scale_factor, "scale_factor")
         self.loss_name = loss_name
         self.loss_fn = loss_fn  # the default loss as given (checked against the model)
-        self._default = None if loss_fn is None else as_per_example_loss(loss_fn, loss_name)
+        self._last: tuple[Any, PerExampleLoss] | None = None  # the loss last adapted, and its adaptation
+        if loss_fn is not None:
+            self._last = (loss_fn, as_per_example_loss(loss_fn, loss_name))
         if forward_fn is not None and not callable(forward_fn):
             raise TypeError(f"forward_fn must be callable as forward_fn(model, inputs), got {forward_fn!r}")
         self.forward_fn = forward_fn
         self.chunk_size = None if chunk_size is None else check_int(chunk_size, "chunk_size", 1)
         self.autocast = check_autocast(autocast)
         self.eval_mode = check_bool(eval_mode, "eval_mode")
-        self._last: tuple[Any, PerExampleLoss] | None = None
 
     def loss(self, loss_fn: Callable[..., Tensor] | None) -> PerExampleLoss:
         """``loss_fn`` as per-example losses (checked once per function), else the default one."""
-        if loss_fn is None:
-            if self._default is None:
-                raise TypeError(
-                    "no loss function: pass loss_fn to select() or to SelectiveBackprop(loss_fn=)"
-                )
-            return self._default
-        if self._last is None or self._last[0] is not loss_fn:
-            self._last = (loss_fn, as_per_example_loss(loss_fn, self.loss_name))
+        fn = self.loss_fn if loss_fn is None else loss_fn
+        if fn is None:
+            raise TypeError("no loss function: pass loss_fn to select() or to SelectiveBackprop(loss_fn=)")
+        if self._last is None or self._last[0] is not fn:
+            self._last = (fn, as_per_example_loss(fn, self.loss_name))
         return self._last[1]
 
     def losses(
