@@ -32,14 +32,9 @@ __all__ = ["select_using_loss", "selection_losses"]
 
 def _nodes(value: Any, path: str) -> Iterator[tuple[str, Any]]:
     """``(path, node)`` of every value below a dict, containers and leaves, e.g. ``("X['ids']", tensor)``."""
-    items = (
-        value.items()
-        if isinstance(value, Mapping)
-        else enumerate(value)
-        if isinstance(value, (tuple, list))
-        else ()
-    )
-    for k, v in items:
+    if isinstance(value, (tuple, list)):
+        value = dict(enumerate(value))
+    for k, v in value.items() if isinstance(value, Mapping) else ():
         p = f"{path}[{k!r}]"
         yield p, v
         yield from _nodes(v, p)
