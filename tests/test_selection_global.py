@@ -19,8 +19,8 @@ from test_selection_oracles import exact_inclusion
 
 from leanbatch import OnlineBatchSelection, SelectiveBackprop, select_by_loss_rank, select_indices
 from leanbatch.rng import Generators
-from leanbatch.selection import HistoryRule
-from leanbatch.selection.rules import Draw, select_hardest, select_uniform
+from leanbatch.selection import HistoryRule, TopRule, UniformRule
+from leanbatch.selection.rules import Draw
 
 WORLD, N, SEED, STEPS, DEADLINE = 2, 8, 11, 12, 240.0
 UNIFORM_KEEP = 0.1  # of 16 rows: keeps one, so one rank is left empty at every step
@@ -153,9 +153,9 @@ def reference(name: str, t: int, scores: torch.Tensor, history: HistoryRule) -> 
     if name == "rank":
         return select_indices(scores, 0.5, gen)
     if name == "top":
-        return select_hardest(scores, 0.5)
+        return TopRule(0.5).positions(scores, Draw(WORLD * N, scores.device))
     if name == "uniform":
-        return select_uniform(WORLD * N, UNIFORM_KEEP, gen)
+        return UniformRule(UNIFORM_KEEP).positions(None, Draw(WORLD * N, torch.device("cpu"), gen))
     if name == "loss_rank":
         return select_by_loss_rank(scores, 0.5, 100.0, gen)
     return history.positions(scores, Draw(WORLD * N, scores.device, gen, 0.5, True))

@@ -12,16 +12,16 @@ from test_selection_oracles import exact_inclusion, exact_inclusion_for, loss_ra
 
 from leanbatch import OnlineBatchSelection, SelectiveBackprop, select_by_loss_rank, select_indices
 from leanbatch.ranking import pressure_at
-from leanbatch.selection import LossRankRule, UniformRule
-from leanbatch.selection.rules import (
-    Draw,
-    loss_rank_weights,
-    num_selected,
-    rank_weights,
-    seed_selection,
-    select_hardest,
-    select_uniform,
-)
+from leanbatch.selection import LossRankRule, TopRule, UniformRule
+from leanbatch.selection.rules import Draw, num_selected, seed_selection
+
+
+def select_hardest(losses: torch.Tensor, keep: float) -> torch.Tensor:
+    return TopRule(keep).positions(losses, Draw(losses.shape[0], losses.device))
+
+
+def select_uniform(n: int, keep: float, gen: torch.Generator) -> torch.Tensor:
+    return UniformRule(keep).positions(None, Draw(n, torch.device("cpu"), gen))
 
 
 @pytest.mark.parametrize("n,keep", [(8, 0.5), (7, 0.3)])
@@ -44,13 +44,6 @@ def test_inclusion_probability_of_each_rank_matches_the_rule(n: int, keep: float
     assert ((uniform - expected).abs() / sd).max() > 15
     assert by_rank[-1] < 0.9 and by_rank[0] > 0  # not a deterministic top-k
     assert torch.all(by_rank[1:] > by_rank[:-1])  # harder examples are kept more often
-
-
-def test_rank_weights_are_the_composer_formula() -> None:
-    n, keep = 10, 0.25
-    p = (torch.arange(n, dtype=torch.float64) + 0.5) / n
-    w = p ** (1 / keep - 1)
-    assert torch.allclose(rank_weights(n, keep), w / w.sum())
 
 
 @settings(max_examples=60, deadline=None)
@@ -100,12 +93,6 @@ def test_loss_rank_inclusion_matches_exact_enumeration(n: int, keep: float, pres
     # power: the rule differs from uniform selection and from Composer's rank rule at this keep
     assert ((torch.full((n,), k / n) - expected).abs() / sd).max() > 15
     assert ((torch.tensor(exact_inclusion(n, keep)) - expected).abs() / sd).max() > 10
-    w = loss_rank_weights(n, pressure)
-    assert torch.allclose(
-        w,
-        torch.tensor(loss_rank_formula_weights(n, pressure), dtype=torch.float64)
-        / sum(loss_rank_formula_weights(n, pressure)),
-    )
 
 
 def test_loss_rank_breaks_ties_at_random_and_counts_unscored_as_hardest() -> None:
@@ -209,7 +196,6 @@ def test_every_entry_point_refuses_a_pressure_that_is_not_finite_and_at_least_on
         lambda: pressure_at(0.5, bad),
         lambda: pressure_at(0.5, 100.0, bad),
         lambda: select_by_loss_rank(losses, 0.5, bad, torch.Generator()),
-        lambda: loss_rank_weights(6, bad),
         lambda: LossRankRule(0.5, bad),
         lambda: LossRankRule(0.5, 100.0, final_pressure=bad),
         lambda: SelectiveBackprop(rule="loss_rank", num_samples=6, selection_pressure=bad),

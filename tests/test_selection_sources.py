@@ -127,6 +127,8 @@ def test_proxy_trains_on_its_own_hardest_share_every_nth_batch() -> None:
     )
     x, y = torch.randn(8, 1, 4, 4), torch.randint(0, 10, (8,))
     replay = copy.deepcopy(proxy)
+    grad_modes: list[bool] = []  # per proxy forward: whether autograd records it
+    proxy.register_forward_hook(lambda *_: grad_modes.append(torch.is_grad_enabled()))
     losses = scorer(x, y)  # call 0: a step on the hardest 2 of 8
     manual = F.cross_entropy(replay(x), y, reduction="none")
     hard = torch.topk(manual.detach(), 2).indices
@@ -143,6 +145,7 @@ def test_proxy_trains_on_its_own_hardest_share_every_nth_batch() -> None:
     assert all(torch.equal(before[k], v) for k, v in proxy.state_dict().items())
     scorer(x, y)  # call 2: a step again
     assert scorer.steps == 2 and scorer.calls == 3
+    assert grad_modes == [True, False, True]  # the batch scored only runs under no_grad
     assert not all(torch.equal(before[k], v) for k, v in proxy.state_dict().items())
     with pytest.raises(ValueError, match="train_every"):
         ProxyScorer(proxy, torch.optim.SGD(proxy.parameters(), lr=0.1), F.cross_entropy, train_every=0)

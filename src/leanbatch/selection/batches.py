@@ -31,21 +31,6 @@ def is_batch(batch: Any) -> bool:
     )
 
 
-def _rebuild_sequence(template: Sequence[Any], items: list[Any]) -> Any:
-    if isinstance(template, tuple) and hasattr(template, "_fields"):  # namedtuple
-        return type(template)(*items)
-    return tuple(items) if isinstance(template, tuple) else items
-
-
-def _rebuild_mapping(template: Mapping[Any, Any], items: dict[Any, Any]) -> Any:
-    if type(template) is dict:
-        return items
-    try:
-        return type(template)(items)  # type: ignore[call-arg]
-    except Exception:  # a mapping type that cannot be built from a dict: a plain dict is still right
-        return items
-
-
 def map_leaves(batch: Any, fn: Callable[[Tensor], Any]) -> Any:
     """Apply ``fn`` to every tensor leaf of ``batch``; non-tensor leaves pass through.
 
@@ -54,13 +39,29 @@ def map_leaves(batch: Any, fn: Callable[[Tensor], Any]) -> Any:
         >>> map_leaves({"x": torch.ones(2), "tag": "a"}, lambda t: t * 2)["x"].tolist()
         [2.0, 2.0]
     """
-    if isinstance(batch, Tensor):
-        return fn(batch)
-    if isinstance(batch, Mapping):
-        return _rebuild_mapping(batch, {k: map_leaves(v, fn) for k, v in batch.items()})
-    if isinstance(batch, (tuple, list)):
-        return _rebuild_sequence(batch, [map_leaves(v, fn) for v in batch])
-    return batch
+    return _zip_leaves([batch], lambda leaves: fn(leaves[0]))
+
+
+def _zip_leaves(parts: list[Any], fn: Callable[[list[Tensor]], Any]) -> Any:
+    """``fn`` of the tensor leaves at each place of structurally identical ``parts``, rebuilt as
+    the first; other leaves are the first's."""
+    first = parts[0]
+    if isinstance(first, Tensor):
+        return fn(parts)
+    if isinstance(first, Mapping):
+        mapping = {k: _zip_leaves([p[k] for p in parts], fn) for k in first}
+        if type(first) is dict:
+            return mapping
+        try:
+            return type(first)(mapping)  # type: ignore[call-arg]
+        except Exception:  # a mapping type that cannot be built from a dict: a plain dict is still right
+            return mapping
+    if isinstance(first, (tuple, list)):
+        items = [_zip_leaves([p[i] for p in parts], fn) for i in range(len(first))]
+        if isinstance(first, tuple) and hasattr(first, "_fields"):  # namedtuple
+            return type(first)(*items)
+        return tuple(items) if isinstance(first, tuple) else items
+    return first
 
 
 def first_tensor(batch: Any) -> Tensor | None:
@@ -142,21 +143,7 @@ def concat_batches(batches: Sequence[Any], sizes: Sequence[int]) -> Any:
         raise ValueError("concat_batches needs one size per batch and at least one batch")
     if len(batches) == 1:
         return batches[0]
-    head, n0 = batches[0], sizes[0]
-
-    def walk(parts: list[Any]) -> Any:
-        first = parts[0]
-        if isinstance(first, Tensor):
-            if _per_example(first, n0):
-                return torch.cat(parts, dim=0)
-            return first
-        if isinstance(first, Mapping):
-            return _rebuild_mapping(first, {k: walk([p[k] for p in parts]) for k in first})
-        if isinstance(first, (tuple, list)):
-            return _rebuild_sequence(first, [walk([p[i] for p in parts]) for i in range(len(first))])
-        return first
-
-    return walk([head, *batches[1:]])
+    return _zip_leaves(list(batches), lambda ts: torch.cat(ts) if _per_example(ts[0], sizes[0]) else ts[0])
 
 
 class BatchAccumulator:

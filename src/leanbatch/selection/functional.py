@@ -32,27 +32,17 @@ __all__ = ["select_using_loss", "selection_losses"]
 
 def _nodes(value: Any, path: str) -> Iterator[tuple[str, Any]]:
     """``(path, node)`` of every value below a dict, containers and leaves, e.g. ``("X['ids']", tensor)``."""
-    items = (
-        value.items()
-        if isinstance(value, Mapping)
-        else enumerate(value)
-        if isinstance(value, (tuple, list))
-        else ()
-    )
-    for k, v in items:
+    if isinstance(value, (tuple, list)):
+        value = dict(enumerate(value))
+    for k, v in value.items() if isinstance(value, Mapping) else ():
         p = f"{path}[{k!r}]"
         yield p, v
         yield from _nodes(v, p)
 
 
 def _check_pair(X: Any, y: Any, scale_factor: float) -> int:
-    """Validate Composer's ``(input, target)`` pair and return the number of examples ``N``.
-
-    ``X`` is a tensor (``N`` = its first dimension) or a dict of them (``N`` =
-    the length of ``y``; every tensor in it must then hold ``N`` rows, 0-d tensors
-    and non-tensor values pass through, but an ``N``-item list is refused: it would
-    silently stop matching the selected rows).
-    """
+    """``N``, the examples of Composer's ``(X, y)`` once checked: ``X``'s first dimension, or for a
+    dict ``X`` the length of ``y`` (its tensors of a batch dimension must all hold ``N`` rows)."""
     if not isinstance(y, Tensor):
         raise TypeError(f"y must be a torch.Tensor batch of targets, got {type(y).__name__}")
     if isinstance(X, Mapping):

@@ -28,12 +28,9 @@ class LossHistory:
     Args:
         size: how many recent losses to remember (1,024 in the paper's code).
         beta: selectivity exponent; larger keeps fewer (3 in the paper's code).
-        min_probability: a floor on the selection probability (the authors'
-            ``sampling_min``; 0 by default).
-        device: where the buffer lives; ``None`` follows the first losses pushed.
 
-    Non-finite losses are not remembered; an example whose loss is not finite
-    gets probability 1 (it is treated as the hardest, as the rank rule does).
+    The buffer follows the losses to their device. Non-finite losses are not remembered; an example
+    whose loss is not finite gets probability 1 (it is treated as the hardest, as the rank rule does).
 
     Example:
         >>> import torch
@@ -46,30 +43,21 @@ class LossHistory:
         (torch.bool, torch.Size([2]))
     """
 
-    def __init__(
-        self,
-        size: int = 1024,
-        beta: float = 3.0,
-        min_probability: float = 0.0,
-        device: torch.device | str | None = None,
-    ):
+    def __init__(self, size: int = 1024, beta: float = 3.0):
         self.size = check_int(size, "history_size", 1)
         self.beta = check_real(beta, "beta", low=0.0, low_open=True, type_error=True)
-        self.min_probability = check_real(min_probability, "min_probability", 0.0, 1.0, type_error=True)
-        self._follow = device is None
-        dev = torch.device("cpu") if device is None else torch.device(device)
-        self.values = torch.full((self.size,), float("nan"), dtype=torch.float32, device=dev)
+        self.values = torch.full((self.size,), float("nan"), dtype=torch.float32)
         self._next = 0  # host-side write position: batch sizes are known on the host
         self._checked: tuple[Any, ...] | None = None  # the losses' shape, dtype and device last checked
 
     def _own(self, losses: Tensor) -> Tensor:
-        """``losses`` as float32 on the buffer's device (which follows them if it may); checked once
+        """``losses`` as float32 on the buffer's device (which follows them); checked once
         per shape, dtype and device (a sampling step reads them twice, a rule's every step)."""
         key = (losses.shape, losses.dtype, losses.device) if isinstance(losses, Tensor) else None
         if key is None or key != self._checked:
             check_per_sample_loss(losses, "losses")
             self._checked = key
-        if self._follow and losses.device != self.values.device:
+        if losses.device != self.values.device:
             self.values = self.values.to(losses.device)
         return losses.detach().to(self.values.device, torch.float32)
 
@@ -100,8 +88,8 @@ class LossHistory:
         return torch.where(torch.isfinite(x), pct.clamp(0.0, 1.0), torch.ones_like(pct))
 
     def probabilities(self, losses: Tensor) -> Tensor:
-        """Selection probability ``max(min_probability, percentile ** beta)`` of each loss."""
-        return self.percentile(losses).pow(self.beta).clamp_min(self.min_probability)
+        """Selection probability ``percentile ** beta`` of each loss."""
+        return self.percentile(losses).pow(self.beta)
 
     def sample(
         self, losses: Tensor, generator: torch.Generator | None = None, at_least_one: bool = True
@@ -121,13 +109,11 @@ class LossHistory:
             mask = mask | (fallback & ~mask.any())
         return mask
 
-    # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
         """Tensors and plain values only (loads with ``torch.load(weights_only=True)``)."""
         return {
             "size": self.size,
             "beta": self.beta,
-            "min_probability": self.min_probability,
             "values": self.values.detach().cpu().clone(),
             "next": self._next,
         }

@@ -120,8 +120,8 @@ def check_keys(input_key: Any, target_key: Any) -> Keys:
 
 
 class Rows(NamedTuple):
-    """One batch as a selector reads it: the batch, its model inputs and target, the number of
-    examples, the device of the inputs, and the dataset indices and epoch passed with it.
+    """One batch as a selector reads it: its model inputs and target, the number of examples, the
+    device of the inputs, and the dataset indices and epoch passed with it.
 
     Example:
         >>> import torch
@@ -129,7 +129,6 @@ class Rows(NamedTuple):
         3
     """
 
-    batch: Any
     inputs: Any
     target: Any
     n: int
@@ -162,4 +161,4 @@ def read_rows(batch: Any, keys: Keys | None, indices: Tensor | None = None, epoc
         inputs, target = split_batch(batch, *keys)
         n = batch_size(inputs, target)
         lead = first_tensor(inputs)
-    return Rows(batch, inputs, target, n, lead.device, indices, epoch)  # type: ignore[union-attr]
+    return Rows(inputs, target, n, lead.device, indices, epoch)  # type: ignore[union-attr]

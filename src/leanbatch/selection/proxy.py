@@ -98,24 +98,20 @@ class ProxyScorer:
         n = batch_size(inputs, target)
         step = self.train and self.calls % self.train_every == 0
         self.calls += 1
-        if not step:
-            if self.train:
-                self.model.train()
-            with torch.no_grad():
-                return check_losses(self._loss(model_output(self.forward_fn(self.model, inputs)), target), n)
-        with torch.enable_grad():
+        if self.train:
             self.model.train()
-            out = model_output(self.forward_fn(self.model, inputs))
-            losses = check_losses(self._loss(out, target), n, "loss_fn")
-            trained = losses
-            if self.train_keep < 1.0:  # the proxy's own hardest share (k is known on the host)
-                trained = losses.index_select(
-                    0, self._hardest.positions(losses.detach(), Draw(n, losses.device))
-                )
-            self.optimizer.zero_grad(set_to_none=True)
-            trained.mean().backward()
-            self.optimizer.step()
-        self.steps += 1
+        with torch.set_grad_enabled(step):
+            losses = check_losses(self._loss(model_output(self.forward_fn(self.model, inputs)), target), n)
+            if step:
+                trained = losses
+                if self.train_keep < 1.0:  # the proxy's own hardest share (k is known on the host)
+                    trained = losses.index_select(
+                        0, self._hardest.positions(losses.detach(), Draw(n, losses.device))
+                    )
+                self.optimizer.zero_grad(set_to_none=True)
+                trained.mean().backward()
+                self.optimizer.step()
+                self.steps += 1
         return losses.detach()
 
     def state_dict(self) -> dict[str, Any]:

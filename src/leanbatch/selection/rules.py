@@ -12,7 +12,6 @@ module-level :class:`~leanbatch.rng.Generators` stream per device (:func:`seed_s
 
 from __future__ import annotations
 
-import math
 from typing import Any, NamedTuple
 
 import torch
@@ -100,18 +99,6 @@ def _draw(losses: Any, generator: Any) -> tuple[Tensor, Draw, torch.Generator]:
     return losses, Draw(losses.shape[0], losses.device), resolve_generator(generator, losses.device)
 
 
-def rank_weights(n: int, keep: float) -> Tensor:
-    """First-draw probabilities of rank positions ``0..n-1`` (0 = smallest loss) under the rank rule.
-
-    Example:
-        >>> [round(x, 3) for x in rank_weights(4, 0.5).tolist()]  # proportional to p = (i + 0.5) / 4
-        [0.062, 0.188, 0.312, 0.438]
-    """
-    keep, n = check_fraction(keep, "keep"), _rows(n)
-    w = ((torch.arange(n, dtype=torch.float64) + 0.5) / n) ** (1.0 / keep - 1.0)
-    return w / w.sum()
-
-
 def select_indices(losses: Tensor, keep: float, generator: torch.Generator | None = None) -> Tensor:
     """Positions (int64, ascending, on the losses' device) of the rows Composer's rank rule keeps.
 
@@ -129,45 +116,6 @@ def select_indices(losses: Tensor, keep: float, generator: torch.Generator | Non
     return RankRule(keep).drawn(losses, draw, gen)
 
 
-def select_hardest(losses: Tensor, keep: float) -> Tensor:
-    """Positions of the ``max(1, int(keep * N))`` largest losses, ascending (NaN counts as largest).
-
-    Example:
-        >>> import torch
-        >>> select_hardest(torch.tensor([0.1, 5.0, 0.2, 4.0]), keep=0.5).tolist()
-        [1, 3]
-    """
-    losses = _losses(losses)
-    return TopRule(keep).drawn(losses, Draw(losses.shape[0], losses.device), None)
-
-
-def select_uniform(
-    n: int, keep: float, generator: torch.Generator | None = None, device: torch.device | str = "cpu"
-) -> Tensor:
-    """Positions of a uniform random ``max(1, int(keep * n))`` of ``n`` rows, ascending, on ``device``.
-
-    Example:
-        >>> import torch
-        >>> select_uniform(8, 0.5, torch.Generator().manual_seed(0)).shape, select_uniform(3, 1.0).tolist()
-        (torch.Size([4]), [0, 1, 2])
-    """
-    rule, dev = UniformRule(keep), torch.device(device)
-    return rule.drawn(None, Draw(_rows(n), dev), resolve_generator(generator, dev))
-
-
-def loss_rank_weights(n: int, pressure: float) -> Tensor:
-    """First-draw probabilities of rank positions ``0..n-1`` (ascending loss) under online batch selection.
-
-    Example:
-        >>> w = loss_rank_weights(4, 16.0)   # the hardest (position 3) is 16 ** (3/4) = 8 times the easiest
-        >>> round(float(w[3] / w[0]), 6)
-        8.0
-    """
-    pressure, n = check_pressure(pressure), _rows(n)
-    w = torch.exp(-torch.arange(n - 1, -1, -1, dtype=torch.float64) * math.log(pressure) / n)
-    return w / w.sum()
-
-
 def select_by_loss_rank(
     losses: Tensor, keep: float, pressure: float, generator: torch.Generator | None = None
 ) -> Tensor:
@@ -182,9 +130,9 @@ def select_by_loss_rank(
         >>> select_by_loss_rank(torch.tensor([0.1, 9.0, 0.2, 8.0]), keep=0.5, pressure=1e6, generator=g).tolist()
         [1, 3]
     """
-    pressure = check_pressure(pressure)
+    rule = LossRankRule(keep, pressure)
     losses, draw, gen = _draw(losses, generator)
-    return LossRankRule(keep, pressure).drawn(losses, draw, gen)
+    return rule.drawn(losses, draw, gen)
 
 
 class Draw(NamedTuple):
@@ -290,17 +238,21 @@ class RankRule(Rule):
         self.keep: float = check_fraction(keep, "keep")
 
     def drawn(self, scores: Tensor | None, draw: Draw, generator: torch.Generator | None) -> Tensor:
+        k = _count(draw.n, self.keep)
+        if k >= draw.n:
+            return torch.arange(draw.n, device=draw.device if scores is None else scores.device)
+        return self._pick(scores, draw, k, generator)
+
+    def _pick(self, scores: Tensor | None, draw: Draw, k: int, generator: torch.Generator | None) -> Tensor:
+        """:meth:`drawn` when ``k < draw.n`` rows are kept."""
         assert scores is not None and generator is not None  # a scoring rule always has a source
-        n, k = draw.n, _count(draw.n, self.keep)
-        if k >= n:
-            return torch.arange(n, device=scores.device)
         order = torch.argsort(scores.detach(), stable=True)  # rank position -> batch position
-        pos = (torch.arange(n, device=scores.device, dtype=torch.float32) + 0.5) / n
+        pos = (torch.arange(draw.n, device=scores.device, dtype=torch.float32) + 0.5) / draw.n
         return gumbel_top_k(order, torch.log(pos) * (1.0 / self.keep - 1.0), k, generator)
 
 
 class TopRule(RankRule):
-    """The hardest ``keep`` share of each batch, deterministic (:func:`select_hardest`).
+    """The hardest ``keep`` share of each batch, deterministic.
 
     Example:
         >>> import torch
@@ -311,17 +263,14 @@ class TopRule(RankRule):
     name = "top"
     random = False
 
-    def drawn(self, scores: Tensor | None, draw: Draw, generator: torch.Generator | None) -> Tensor:
+    def _pick(self, scores: Tensor | None, draw: Draw, k: int, generator: torch.Generator | None) -> Tensor:
         assert scores is not None
-        n, k = draw.n, _count(draw.n, self.keep)
-        if k >= n:
-            return torch.arange(n, device=scores.device)
         hard = torch.nan_to_num(scores.detach().float(), nan=float("inf"))
         return torch.sort(torch.topk(hard, k, sorted=False).indices).values
 
 
 class UniformRule(RankRule):
-    """A uniform random ``keep`` share of each batch, without scores (:func:`select_uniform`).
+    """A uniform random ``keep`` share of each batch, without scores.
 
     Example:
         >>> import torch
@@ -332,12 +281,9 @@ class UniformRule(RankRule):
     name = "uniform"
     needs_scores = False
 
-    def drawn(self, scores: Tensor | None, draw: Draw, generator: torch.Generator | None) -> Tensor:
+    def _pick(self, scores: Tensor | None, draw: Draw, k: int, generator: torch.Generator | None) -> Tensor:
         assert generator is not None
-        n, k = draw.n, _count(draw.n, self.keep)
-        if k >= n:
-            return torch.arange(n, device=draw.device)
-        u = torch.rand(n, generator=generator, device=draw.device)
+        u = torch.rand(draw.n, generator=generator, device=draw.device)
         return torch.sort(torch.topk(u, k, sorted=False).indices).values
 
 
@@ -360,7 +306,7 @@ class LossRankRule(RankRule):
             None if final_pressure is None else check_pressure(final_pressure, "final_pressure")
         )
 
-    def drawn(self, scores: Tensor | None, draw: Draw, generator: torch.Generator | None) -> Tensor:
+    def _pick(self, scores: Tensor | None, draw: Draw, k: int, generator: torch.Generator | None) -> Tensor:
         assert scores is not None and generator is not None
         pressure = decayed_pressure(draw.progress, self.pressure, self.final_pressure)
-        return loss_rank_draw(scores, _count(draw.n, self.keep), pressure, generator)
+        return loss_rank_draw(scores, k, pressure, generator)

@@ -13,10 +13,30 @@ Backprop"; its code alternates.)
 from __future__ import annotations
 
 import warnings
+from typing import Any
 
-from leanbatch.checks import check_int, check_interval
+from leanbatch.checks import check_int, check_interval, check_real
+from leanbatch.rng import Generators
 
-__all__ = ["Window", "should_selective_backprop"]
+__all__ = ["Scheduled", "Window", "check_progress", "should_selective_backprop"]
+
+_PROGRESS = (
+    "the fraction of training done, e.g. leanbatch.training_progress(epoch=, num_epochs=, batch_idx=, "
+    "batches_per_epoch=), which is always in [0, 1]"
+)
+
+
+def check_progress(progress: Any) -> float:
+    """``progress`` if it is a Python number in [0, 1] (read without a device sync), else an error
+    naming it.
+
+    Example:
+        >>> check_progress(0.25)
+        0.25
+    """
+    if isinstance(progress, bool) or not isinstance(progress, (int, float)):
+        raise TypeError(f"progress must be a Python float (the fraction of training done), got {progress!r}")
+    return check_real(progress, "progress", 0.0, 1.0, hint=_PROGRESS)
 
 
 def should_selective_backprop(
@@ -61,3 +81,33 @@ class Window:
     def is_active(self, progress: float, batch_idx: int) -> bool:
         """Whether selection runs at ``progress`` on batch ``batch_idx`` of its epoch."""
         return should_selective_backprop(progress, batch_idx, self.start, self.end, self.interrupt)
+
+
+class Scheduled:
+    """The window and the seed of a selector that has a :class:`Window` (``schedule``) and
+    private :class:`~leanbatch.rng.Generators` (``generators``).
+
+    Example:
+        >>> from leanbatch import TokenSelection
+        >>> ts = TokenSelection(start=0.2, end=0.8, seed=3)
+        >>> ts.start, ts.end, ts.seed
+        (0.2, 0.8, 3)
+    """
+
+    schedule: Window
+    generators: Generators
+
+    @property
+    def seed(self) -> int:
+        """The seed of the private generators."""
+        return self.generators.seed
+
+    @property
+    def start(self) -> float:
+        """Progress at which selection starts."""
+        return self.schedule.start
+
+    @property
+    def end(self) -> float:
+        """Progress at which selection stops (``start <= progress < end`` is active)."""
+        return self.schedule.end

@@ -1,4 +1,5 @@
-"""The selection forward pass: per-example losses without disturbing training, and the loss checks.
+"""The selection forward's parts (run by :class:`~leanbatch.selection.ForwardScores`): per-example
+losses without disturbing training, and the loss checks.
 
 "Without disturbing" means: no autograd graph (``torch.no_grad()``); the running statistics and
 ``num_batches_tracked`` of every BatchNorm-like layer (any ``_NormBase``) copied back after the
@@ -22,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _NormBase
 
-from leanbatch.selection.batches import first_tensor, map_leaves, slice_batch
+from leanbatch.selection.batches import map_leaves
 
 PerExampleLoss = Callable[[Any, Any], Tensor]
 _MODES = {3: "linear", 4: "bilinear", 5: "trilinear"}
@@ -323,13 +324,11 @@ def scaled_forward(
         the model failed on its selection input, downsampled by scale_factor=0.5 from (N, 1, 8, 8) to (N, 1, 4, 4)
     """
     small = downsample(inputs, scale_factor, name)
-    if scale_factor >= 1.0:
-        return forward(model, small)
     try:
         return forward(model, small)
-    except torch.cuda.OutOfMemoryError:
-        raise
     except Exception as err:  # the model's own error on the resized input: say which knob to turn
+        if scale_factor >= 1.0 or isinstance(err, torch.cuda.OutOfMemoryError):
+            raise
         raise ValueError(
             f"the model failed on its selection input, downsampled by {name}={scale_factor} from "
             f"{_float_shapes(inputs)} to {_float_shapes(small)}: {type(err).__name__}: {err}. "
@@ -366,54 +365,3 @@ def default_forward(model: Callable[..., Any], inputs: Any) -> Any:
         (3, 3)
     """
     return model(**inputs) if isinstance(inputs, Mapping) else model(inputs)
-
-
-def _precision(autocast: torch.dtype | bool | None, device: torch.device) -> Any:
-    if autocast is None:
-        return contextlib.nullcontext()
-    if autocast is False:
-        return torch.autocast(device.type, enabled=False)
-    if autocast is True:
-        return torch.autocast(device.type)
-    return torch.autocast(device.type, dtype=autocast)
-
-
-def compute_losses(
-    model: Callable[..., Any],
-    inputs: Any,
-    target: Any,
-    loss: PerExampleLoss,
-    n: int,
-    *,
-    scale_factor: float = 1.0,
-    chunk_size: int | None = None,
-    autocast: torch.dtype | bool | None = None,
-    eval_mode: bool = False,
-    forward: Callable[[Any, Any], Any] | None = None,
-    name: str = "loss_fn",
-) -> Tensor:
-    """Float32 ``(n,)`` losses of one no-grad selection pass (training state kept; no host sync).
-
-    ``inputs`` is what the model takes (a tensor or a mapping of keyword inputs), ``target`` what
-    the loss compares against; ``forward(model, inputs)`` defaults to :func:`default_forward`.
-
-    Example:
-        >>> import torch
-        >>> lin = torch.nn.Linear(3, 2)
-        >>> loss = as_per_example_loss(torch.nn.functional.cross_entropy)
-        >>> compute_losses(lin, torch.randn(5, 3), torch.zeros(5, dtype=torch.long), loss, 5, chunk_size=2).shape
-        torch.Size([5])
-    """
-    fwd = forward or default_forward
-    lead = first_tensor(inputs)
-    device = lead.device if lead is not None else torch.device("cpu")
-    step = n if chunk_size is None else max(1, min(chunk_size, n))
-    parts: list[Tensor] = []
-    with torch.no_grad(), preserved_training_state(model, eval_mode), _precision(autocast, device):
-        for start in range(0, n, step):
-            stop = min(n, start + step)
-            x = inputs if step == n else slice_batch(inputs, start, stop, n)
-            y = target if step == n else slice_batch(target, start, stop, n)
-            out = model_output(scaled_forward(fwd, model, x, scale_factor))
-            parts.append(check_losses(loss(out, y), stop - start, name))
-    return parts[0] if len(parts) == 1 else torch.cat(parts)

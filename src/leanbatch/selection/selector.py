@@ -20,14 +20,14 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from leanbatch.checks import check_bool, check_int, check_real, require
+from leanbatch.checks import check_bool, check_int, require
 from leanbatch.progress import training_progress
 from leanbatch.rng import Generators
 from leanbatch.scores import ScoreTable
 from leanbatch.selection.batches import BatchAccumulator, index_batch
 from leanbatch.selection.layout import Key, Keys, Selection, read_rows
 from leanbatch.selection.rules import Draw, Rule
-from leanbatch.selection.schedule import Window
+from leanbatch.selection.schedule import Scheduled, Window, check_progress
 from leanbatch.selection.scope import Scope
 from leanbatch.selection.sources import Source
 from leanbatch.selection.stats import SelectionStats
@@ -35,13 +35,8 @@ from leanbatch.selection.stats import SelectionStats
 if TYPE_CHECKING:  # the history rule's buffer, for the type of Selector.history only
     from leanbatch.selection.history import LossHistory
 
-_PROGRESS = (
-    "the fraction of training done, e.g. leanbatch.training_progress(epoch=, num_epochs=, batch_idx=, "
-    "batches_per_epoch=), which is always in [0, 1]"
-)
 
-
-class Selector:
+class Selector(Scheduled):
     """Batch-level selection composed of a schedule, a source of scores and a rule.
 
     ``source`` is ``None`` for a rule that reads no scores (uniform). ``keys``: ``(input_key,
@@ -92,21 +87,6 @@ class Selector:
     def scope(self) -> str:
         """``"local"`` or ``"global"``: where one choice is made (:mod:`~leanbatch.selection.scope`)."""
         return self.selection_scope.name
-
-    @property
-    def seed(self) -> int:
-        """The seed of the private generators."""
-        return self.generators.seed
-
-    @property
-    def start(self) -> float:
-        """Progress at which selection starts (the schedule's)."""
-        return self.schedule.start
-
-    @property
-    def end(self) -> float:
-        """Progress at which selection stops (``start <= progress < end`` is active)."""
-        return self.schedule.end
 
     @property
     def interrupt(self) -> int:
@@ -224,7 +204,9 @@ class Selector:
             st.backpropagated += n
             return Selection(batch, None, None)
         self._device = rows.device
-        t0 = self._tic()
+        if self.timing:
+            self._sync()
+        t0 = time.perf_counter()
         scores = None if self.source is None else self.source.scores(rows, model, loss_fn, st)
         device = rows.device if scores is None else scores.device
         positions, chosen = self.selection_scope.choose(
@@ -329,11 +311,6 @@ class Selector:
         if self._device is not None and self._device.type == "cuda":
             torch.cuda.synchronize(self._device)
 
-    def _tic(self) -> float:
-        if self.timing:
-            self._sync()
-        return time.perf_counter()
-
     @contextlib.contextmanager
     def step_timer(self) -> Iterator[None]:
         """Time a training step into ``stats.step_time_s`` (synchronises a CUDA device around it).
@@ -402,7 +379,4 @@ def _step(progress: Any, batch_idx: Any) -> tuple[float, int]:
         return progress, batch_idx  # the usual call: nothing more to check
     if progress is None or batch_idx is None:
         raise TypeError("select() needs progress= (fraction of training done) and batch_idx=")
-    if isinstance(progress, bool) or not isinstance(progress, (int, float)):
-        raise TypeError(f"progress must be a Python float (fraction of training done), got {progress!r}")
-    check_real(progress, "progress", 0.0, 1.0, hint=_PROGRESS)  # a Python float: no device read
-    return progress, check_int(batch_idx, "batch_idx", 0)
+    return check_progress(progress), check_int(batch_idx, "batch_idx", 0)

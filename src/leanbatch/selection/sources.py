@@ -11,6 +11,7 @@ deciding what to read or score reads nothing from the device.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -19,7 +20,7 @@ from torch import Tensor, nn
 
 from leanbatch.checks import check_autocast, check_bool, check_fraction, check_int
 from leanbatch.scores import ScoreTable
-from leanbatch.selection.batches import index_batch, slice_batch
+from leanbatch.selection.batches import first_tensor, index_batch, slice_batch
 from leanbatch.selection.layout import Rows
 from leanbatch.selection.scoring import (
     PerExampleLoss,
@@ -27,7 +28,10 @@ from leanbatch.selection.scoring import (
     check_downsample,
     check_losses,
     check_model,
-    compute_losses,
+    default_forward,
+    model_output,
+    preserved_training_state,
+    scaled_forward,
 )
 from leanbatch.selection.stats import SelectionStats
 
@@ -98,45 +102,48 @@ class ForwardScores(Source):
         self.scale_factor = check_fraction(scale_factor, "scale_factor")
         self.loss_name = loss_name
         self.loss_fn = loss_fn  # the default loss as given (checked against the model)
-        self._default = None if loss_fn is None else as_per_example_loss(loss_fn, loss_name)
+        self._last: tuple[Any, PerExampleLoss] | None = None  # the loss last adapted, and its adaptation
+        if loss_fn is not None:
+            self._last = (loss_fn, as_per_example_loss(loss_fn, loss_name))
         if forward_fn is not None and not callable(forward_fn):
             raise TypeError(f"forward_fn must be callable as forward_fn(model, inputs), got {forward_fn!r}")
         self.forward_fn = forward_fn
         self.chunk_size = None if chunk_size is None else check_int(chunk_size, "chunk_size", 1)
         self.autocast = check_autocast(autocast)
         self.eval_mode = check_bool(eval_mode, "eval_mode")
-        self._last: tuple[Any, PerExampleLoss] | None = None
 
     def loss(self, loss_fn: Callable[..., Tensor] | None) -> PerExampleLoss:
         """``loss_fn`` as per-example losses (checked once per function), else the default one."""
-        if loss_fn is None:
-            if self._default is None:
-                raise TypeError(
-                    "no loss function: pass loss_fn to select() or to SelectiveBackprop(loss_fn=)"
-                )
-            return self._default
-        if self._last is None or self._last[0] is not loss_fn:
-            self._last = (loss_fn, as_per_example_loss(loss_fn, self.loss_name))
+        fn = self.loss_fn if loss_fn is None else loss_fn
+        if fn is None:
+            raise TypeError("no loss function: pass loss_fn to select() or to SelectiveBackprop(loss_fn=)")
+        if self._last is None or self._last[0] is not fn:
+            self._last = (fn, as_per_example_loss(fn, self.loss_name))
         return self._last[1]
 
     def losses(
         self, model: Any, inputs: Any, target: Any, n: int, loss_fn: Any = None, dry_run: bool = False
     ) -> Tensor:
-        """Float32 selection losses of ``n`` examples; ``dry_run``: in eval mode, unchunked."""
+        """Float32 ``(n,)`` losses of one no-grad selection pass (training state kept; no host
+        sync), ``chunk_size`` rows per forward; ``dry_run``: in eval mode, unchunked."""
+        loss, forward = self.loss(loss_fn), self.forward_fn or default_forward
         eval_mode = isinstance(model, nn.Module) if dry_run else self.eval_mode
-        return compute_losses(
-            model,
-            inputs,
-            target,
-            self.loss(loss_fn),
-            n,
-            scale_factor=self.scale_factor,
-            chunk_size=None if dry_run else self.chunk_size,
-            autocast=self.autocast,
-            eval_mode=eval_mode,
-            forward=self.forward_fn,
-            name=self.loss_name,
-        )
+        step = n if dry_run or self.chunk_size is None else max(1, min(self.chunk_size, n))
+        lead = first_tensor(inputs)
+        device = lead.device if lead is not None else torch.device("cpu")
+        precision: Any = contextlib.nullcontext()
+        if self.autocast is not None:
+            dtype = None if isinstance(self.autocast, bool) else self.autocast
+            precision = torch.autocast(device.type, dtype=dtype, enabled=self.autocast is not False)
+        parts: list[Tensor] = []
+        with torch.no_grad(), preserved_training_state(model, eval_mode), precision:
+            for start in range(0, n, step):
+                stop = min(n, start + step)
+                x = inputs if step == n else slice_batch(inputs, start, stop, n)
+                y = target if step == n else slice_batch(target, start, stop, n)
+                out = model_output(scaled_forward(forward, model, x, self.scale_factor))
+                parts.append(check_losses(loss(out, y), stop - start, self.loss_name))
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def check_batch(self, rows: Rows, loss_fn: Any) -> None:
         self.loss(loss_fn)  # no loss function: fail now, whatever the progress
@@ -241,12 +248,6 @@ class MemoryScores(Source):
         self.table.load_state_dict(state["memory"]["table"])
 
 
-def _take(rows: Rows, at: Tensor) -> Rows:
-    """The rows at positions ``at`` (model inputs and target only)."""
-    inputs, target = index_batch(rows.inputs, at, rows.n), index_batch(rows.target, at, rows.n)
-    return Rows(None, inputs, target, int(at.shape[0]), rows.device)
-
-
 def check_row_indices(rows: Rows, why: str) -> Tensor:
     """The batch's dataset indices, a tensor of shape ``(rows.n,)``; ``ValueError`` saying ``why``
     they are needed when they are missing.
@@ -337,7 +338,12 @@ class StaleScores(MemoryScores):
         todo = (~self._fresh(idx, rows.epoch)).nonzero().squeeze(1)  # checked indices: no device read on CPU
         n_todo = int(todo.shape[0])
         if n_todo:
-            sub = rows if n_todo == n else _take(rows, todo.to(rows.device, non_blocking=True))
+            sub = rows
+            if n_todo < n:  # the rows to score, model inputs and target only
+                at = todo.to(rows.device, non_blocking=True)
+                sub = Rows(
+                    index_batch(rows.inputs, at, n), index_batch(rows.target, at, n), n_todo, rows.device
+                )
             self._record(
                 idx.index_select(0, todo), self.source.scores(sub, model, loss_fn, stats), rows.epoch
             )

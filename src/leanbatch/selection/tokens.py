@@ -30,18 +30,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from leanbatch.checks import check_choice, check_fraction, check_int, check_real, require
+from leanbatch.checks import check_choice, check_fraction, check_int, require
 from leanbatch.losses import token_losses
 from leanbatch.rng import Generators
-from leanbatch.selection.schedule import Window
+from leanbatch.selection.schedule import Scheduled, Window, check_progress
 
 __all__ = ["TokenSelection"]
 
 _POLICIES = ("excess", "random")
-_PROGRESS = "the fraction of training done, in [0, 1] (leanbatch.training_progress)"
 
 
-class TokenSelection:
+class TokenSelection(Scheduled):
     """Train on the ``keep`` share of each batch's labelled tokens with the largest excess loss.
 
     Args:
@@ -99,21 +98,6 @@ class TokenSelection:
             f"TokenSelection(keep={self.keep}, start={self.start}, end={self.end}, "
             f"policy={self.policy!r}, seed={self.seed})"
         )
-
-    @property
-    def start(self) -> float:
-        """Progress at which selection starts."""
-        return self.schedule.start
-
-    @property
-    def end(self) -> float:
-        """Progress at which selection stops (``start <= progress < end`` is active)."""
-        return self.schedule.end
-
-    @property
-    def seed(self) -> int:
-        """The random policy's seed."""
-        return self.generators.seed
 
     def is_active(self, progress: float) -> bool:
         """Whether a batch at ``progress`` is selected (inside the window and ``keep < 1``).
@@ -257,33 +241,30 @@ class TokenSelection:
 
     def _check(self, token_loss: Any, targets: Any, progress: Any, reference_loss: Any) -> Tensor:
         """The labelled tokens of ``targets``, after checking every argument (nothing counted yet)."""
-        if isinstance(progress, bool) or not isinstance(progress, (int, float)):
-            raise TypeError(f"progress must be a Python float ({_PROGRESS}), got {progress!r}")
-        check_real(progress, "progress", 0.0, 1.0, hint=_PROGRESS)
+        check_progress(progress)
         if not isinstance(targets, Tensor) or targets.is_floating_point() or targets.dim() < 1:
             raise TypeError(
                 "targets must be an integer tensor of token labels (ignore_index marks the ignored)"
             )
         if not isinstance(token_loss, Tensor) or tuple(token_loss.shape) != tuple(targets.shape):
-            got = tuple(token_loss.shape) if isinstance(token_loss, Tensor) else type(token_loss).__name__
             raise ValueError(
-                f"token_loss must be per token, shaped as the labels {tuple(targets.shape)}, got {got}: compute it "
+                f"token_loss must be per token, shaped as the labels {tuple(targets.shape)}, got {_shape(token_loss)}: compute it "
                 "with reduction='none' and do not average over the tokens (e.g. F.cross_entropy(logits.transpose(1, "
                 "2), labels, reduction='none'))"
             )
         if reference_loss is not None and (
             not isinstance(reference_loss, Tensor) or reference_loss.shape != token_loss.shape
         ):
-            got = (
-                tuple(reference_loss.shape)
-                if isinstance(reference_loss, Tensor)
-                else type(reference_loss).__name__
-            )
             raise ValueError(
                 f"reference_loss must be the reference model's loss of the same tokens, shaped {tuple(token_loss.shape)}, "
-                f"got {got}: run the reference on the same input_ids with reduction='none'"
+                f"got {_shape(reference_loss)}: run the reference on the same input_ids with reduction='none'"
             )
         return targets.to(token_loss.device) != self.ignore_index
+
+
+def _shape(value: Any) -> Any:
+    """``value``'s shape, or its type's name when it is no tensor (for an error message)."""
+    return tuple(value.shape) if isinstance(value, Tensor) else type(value).__name__
 
 
 def _count(n: Tensor, keep: float) -> Tensor:
@@ -306,9 +287,8 @@ def _top_share(score: Tensor, labelled: Tensor, keep: float) -> Tensor:
 def _targets(logits: Any, labels: Tensor | None, shift_labels: Tensor | None, ignore_index: int) -> Tensor:
     """The label of each position of ``logits``: ``shift_labels``, or ``labels`` shifted by one."""
     if not isinstance(logits, Tensor) or logits.dim() != 3 or not logits.is_floating_point():
-        got = tuple(logits.shape) if isinstance(logits, Tensor) else type(logits).__name__
         raise ValueError(
-            f"logits must be a causal LM's per-token logits (rows, seq_len, vocab), got {got}: token selection "
+            f"logits must be a causal LM's per-token logits (rows, seq_len, vocab), got {_shape(logits)}: token selection "
             "needs one loss per token; a per-sample or already averaged loss cannot be selected by token"
         )
     if (labels is None) == (shift_labels is None):
@@ -320,10 +300,9 @@ def _targets(logits: Any, labels: Tensor | None, shift_labels: Tensor | None, ig
         or given.is_floating_point()
         or tuple(given.shape) != tuple(logits.shape[:2])
     ):
-        got = tuple(given.shape) if isinstance(given, Tensor) else type(given).__name__
         raise ValueError(
             f"{name} must be integer token ids shaped as the logits' first two dimensions "
-            f"{tuple(logits.shape[:2])}, got {got}"
+            f"{tuple(logits.shape[:2])}, got {_shape(given)}"
         )
     if shift_labels is not None:
         return shift_labels
@@ -333,12 +312,9 @@ def _targets(logits: Any, labels: Tensor | None, shift_labels: Tensor | None, ig
 def _same_shape(reference_logits: Any, logits: Tensor) -> None:
     """Refuse a reference whose logits are not of the same tokens and vocabulary."""
     if not isinstance(reference_logits, Tensor) or reference_logits.dim() != 3:
-        got = (
-            tuple(reference_logits.shape)
-            if isinstance(reference_logits, Tensor)
-            else type(reference_logits).__name__
+        raise ValueError(
+            f"reference_logits must be (rows, seq_len, vocab) like the logits, got {_shape(reference_logits)}"
         )
-        raise ValueError(f"reference_logits must be (rows, seq_len, vocab) like the logits, got {got}")
     if reference_logits.shape[-1] != logits.shape[-1]:
         raise ValueError(
             f"reference_logits has a vocabulary of {reference_logits.shape[-1]} but the model's logits have "
