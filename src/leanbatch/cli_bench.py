@@ -73,11 +73,10 @@ def _image_task(args: argparse.Namespace, arms: list[Any]) -> tuple[Any, dict[st
     """The built-in image task from its options: the task, its config, its data, the seeds' text."""
     import torch
 
-    from leanbatch.tasks.images.checks import check_batches
     from leanbatch.tasks.images.config import TrainConfig
     from leanbatch.tasks.images.data import load_data
     from leanbatch.tasks.images.presets import resolve
-    from leanbatch.tasks.images.task import ImageTask
+    from leanbatch.tasks.images.task import ImageTask, check_batches
 
     if args.quick and args.preset not in (None, "quick"):
         raise CLIError(f"--quick and --preset {args.preset} conflict: give one of them")
