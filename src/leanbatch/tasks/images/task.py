@@ -56,10 +56,6 @@ class ImageTask:
         self.data, self.cfg = data, cfg
         self._warm = False
 
-    def describe(self) -> dict[str, Any]:
-        """What the task trains on, for results.json's ``data``."""
-        return self.data.describe()
-
     def __call__(self, run: Any) -> float:
         data, cfg = self.data, self.cfg
         with run.untimed():
