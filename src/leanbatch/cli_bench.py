@@ -60,7 +60,7 @@ def resolve_device(name: str) -> str:
 
 
 def _arms(args: argparse.Namespace) -> list[Any]:
-    """The arms: ``--methods`` (default: the default methods), their twins (``--controls``), the baseline's budgets."""
+    """The arms: ``--methods`` (or the default ones), their twins (``--controls``), the baseline's budgets."""
     from leanbatch.arms.grid import study_arms
     from leanbatch.arms.methods import DEFAULT_METHODS, OPTIONS
 

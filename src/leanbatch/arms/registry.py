@@ -72,10 +72,10 @@ class SelectorContext(NamedTuple):
 class Setting:
     """One setting of a method: the library's name, the paper's default, how ``--methods`` reads it.
 
-    ``type``: ``"float"``, ``"int"``, ``"choice"`` (one of ``choices``) or ``"optional"`` (a float,
-    or ``none``: off). ``check`` validates a setting no library object checks. ``option``: the global
-    command-line option that sets it in every arm that has it (``--sb-keep`` sets ``keep`` of the
-    Selective Backprop kinds).
+    ``type``: ``"float"``, ``"int"``, ``"choice"`` (text, checked to be one of ``choices`` when they are
+    given) or ``"optional"`` (a float, or ``none``: off). ``check`` validates a setting no library
+    object checks. ``option``: the global command-line option that sets it in every arm that has it
+    (``--sb-keep`` sets ``keep`` of the Selective Backprop kinds).
 
     Example:
         >>> Setting("max_weight", None, "optional").describe()
@@ -161,6 +161,8 @@ class MethodKind:
         for s in self.settings:
             if s.check is not None:
                 s.check(settings[s.name])
+            if s.choices:
+                check_choice(settings[s.name], s.name, s.choices)
         if self.name == "baseline" and settings["budget"] != 1.0 and settings["batch"] != 1.0:
             raise ValueError("a baseline arm trains a budget of steps or a batch budget, not both")
 
@@ -233,7 +235,7 @@ def _il_epochs(v: Any) -> Any:
 _INFOBATCH = (
     Setting("prune_ratio", 0.5, option="prune_ratio"),
     Setting("delta", 0.875, option="delta"),
-    Setting("target", "below", "choice", ("below", "all")),
+    Setting("target", "below", "choice"),  # InfoBatchPolicy checks it, saying what each means
     Setting("warmup_epochs", 0, "int"),
     Setting("refresh_every", 0, "int"),
     Setting("max_weight", None, "optional"),
@@ -249,10 +251,7 @@ _WINDOW = (Setting("keep", 0.5), Setting("start", 0.0), Setting("end", 1.0), Set
 _PRESSURE_ONE = (("pressure", 1.0), ("final_pressure", None))  # the loss-rank draw made uniform
 _BUDGETED = (Setting("prune_ratio", 0.3),)
 _BANDIT = (*_BUDGETED, Setting("epsilon", 0.1), Setting("ema", 0.9))
-_STACK = Setting(
-    "stack_scores", "selection", "choice", ("selection", "trained"),
-    lambda v: check_choice(v, "stack_scores", ("selection", "trained")), option="stack_scores",
-)  # fmt: skip
+_STACK = Setting("stack_scores", "selection", "choice", ("selection", "trained"), option="stack_scores")
 
 _KINDS = (
     MethodKind(
@@ -349,8 +348,7 @@ _KINDS = (
         "token-selection", "tokens",
         "RHO-1's selective language modelling (Lin et al. 2024): train the tokens of largest loss minus a reference's",
         (Setting("keep", 0.6), Setting("start", 0.0), Setting("end", 1.0),
-         Setting("policy", "excess", "choice", ("excess", "random"),
-                 lambda v: check_choice(v, "policy", ("excess", "random")))),
+         Setting("policy", "excess", "choice", ("excess", "random"))),
         tokens=lambda s, seed: TokenSelection(s["keep"], s["start"], s["end"], policy=s["policy"], seed=seed),
         twin=Twin("token-selection", (("policy", "random"),)),
     ),
