@@ -30,6 +30,7 @@ def run_report(args: argparse.Namespace) -> int:
     They go to ``--out`` or to ``<name>.report/`` beside the input, and replace nothing but an
     earlier report's output there (:func:`leanbatch.engine.judging.outputs.check_report_folder`).
     """
+    from leanbatch.cli_args import check_out_folder
     from leanbatch.engine.judging.outputs import (
         REPORT_KEY,
         check_report_folder,
@@ -56,16 +57,12 @@ def run_report(args: argparse.Namespace) -> int:
         ) from None
     payload[REPORT_KEY] = str(sources[0]) if len(sources) == 1 else [str(s) for s in sources]
     out = Path(args.out) if args.out else report_folder(sources[0])
-    try:
-        if out.exists() and not out.is_dir():
-            raise CLIError(f"--out {out} exists and is not a folder")
-        out.mkdir(parents=True, exist_ok=True)
+
+    def check(folder: Path) -> None:  # it holds nothing but an earlier report of these sources
         for s in sources:
-            check_report_folder(out, s, (*PLOT_NAMES, "report.html"))
-    except OSError as e:
-        raise CLIError(f"cannot write {out}: {e.strerror or e}") from None
-    except ValueError as e:
-        raise CLIError(str(e)) from None
+            check_report_folder(folder, s, (*PLOT_NAMES, "report.html"))
+
+    check_out_folder(out, check)
     written = publish(payload, out / "results.json", None if args.no_plots else out)
     print(closing(payload, written, args.tables))
     return 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -106,23 +107,19 @@ def _run_options(b: Any) -> None:
     g = b.add_argument_group("what to run")
     g.add_argument(
         "--task",
-        default=None,
         help="your task: path/to/file.py:train or package.module:train, a function train(run) -> metric (docs/bench.md); default: the built-in image task",
     )
     g.add_argument(
         "--methods",
-        default=None,
         help=f"comma-separated method kinds, each optionally with settings in brackets (an arm of its own), e.g. 'infobatch+sb[start=0.2,keep=0.7]' (default {','.join(DEFAULT_METHODS)}; those that select are left out when a --task trains without run.select); every kind below",
     )
-    g.add_argument("--seeds", default=None, help="comma-separated seeds (default 0; --quick: 0,1,2)")
+    g.add_argument("--seeds", help="comma-separated seeds (default 0; --quick: 0,1,2)")
     g.add_argument(
         "--budgets",
-        default=None,
         help=f"the baseline also trained for these shares of its steps, its schedule ending at its own end; 'none' to skip (default {DEFAULT_BUDGETS})",
     )
     g.add_argument(
         "--batch-budgets",
-        default=None,
         help=f"the baseline also trained for all its steps on batches of these shares of the batch size; 'none' to skip (default {DEFAULT_BATCH_BUDGETS})",
     )
     g.add_argument(
@@ -132,13 +129,11 @@ def _run_options(b: Any) -> None:
     )
     g.add_argument(
         "--metric",
-        default=None,
         help="the name of the metric the task logs and returns (default: metric; the image task's: accuracy)",
     )
     g.add_argument(
         "--goal",
         choices=("max", "min"),
-        default=None,
         help="max: higher is better; min: lower is better (default: min for a name holding loss, perplexity or error, else max)",
     )
     g.add_argument(
@@ -147,7 +142,7 @@ def _run_options(b: Any) -> None:
         default="epoch",
         help="epoch (default): the arms of a seed take turns, an epoch each (at run.log), so a busy spell slows them alike; run: whole runs, the order rotated per seed",
     )
-    g.add_argument("--threads", type=_int, default=None, help="torch CPU threads (default: torch's)")
+    g.add_argument("--threads", type=_int, help="torch CPU threads (default: torch's)")
 
 
 def _image_options(b: Any) -> None:
@@ -157,56 +152,44 @@ def _image_options(b: Any) -> None:
     t = b.add_argument_group("the built-in image task (without --task)")
     t.add_argument(
         "--data",
-        default=None,
         help=f"built-in dataset ({', '.join(BUILTIN_DATASETS)}; default mnist-5k) or a path: .npz with x_train/y_train/x_test/y_test, a CIFAR-10 python-batches folder, or an ImageFolder",
     )
     t.add_argument(
         "--preset",
         choices=tuple(PRESETS),
-        default=None,
         help="quick: 5,000 bundled MNIST digits, 8 epochs, seeds 0,1,2 (about 2.2 minutes on 2 idle CPU cores); cifar10: CIFAR-10 from --data, small CNN, 15 epochs, seeds 0,1,2; explicit options win",
     )
     t.add_argument("--quick", action="store_true", help="the same as --preset quick")
-    t.add_argument("--epochs", type=_int, default=None, help="epochs of the full run (default 8)")
-    t.add_argument("--batch-size", type=_int, default=None, help="samples per batch (default 128)")
-    t.add_argument("--limit-train", type=_int, default=None, help="use only this many training samples")
-    t.add_argument("--limit-test", type=_int, default=None, help="use only this many test samples")
+    t.add_argument("--epochs", type=_int, help="epochs of the full run (default 8)")
+    t.add_argument("--batch-size", type=_int, help="samples per batch (default 128)")
+    t.add_argument("--limit-train", type=_int, help="use only this many training samples")
+    t.add_argument("--limit-test", type=_int, help="use only this many test samples")
     t.add_argument(
         "--model",
         choices=("cnn", "resnet"),
-        default=None,
         help="default: resnet for 32x32 RGB, else cnn (--preset cifar10: cnn)",
     )
-    t.add_argument("--widths", default=None, help="channel widths of the model's stages, e.g. 16,32,64")
-    t.add_argument(
-        "--lr", type=_float, default=None, help="peak learning rate (SGD, per-step cosine; default 0.1)"
-    )
-    t.add_argument("--momentum", type=_float, default=None, help="SGD momentum, Nesterov (default 0.9)")
-    t.add_argument("--weight-decay", type=_float, default=None, help="SGD weight decay (default 5e-4)")
-    t.add_argument(
-        "--warmup", type=_float, default=None, help="share of training with linear LR warm-up (default 0.03)"
-    )
+    t.add_argument("--widths", help="channel widths of the model's stages, e.g. 16,32,64")
+    t.add_argument("--lr", type=_float, help="peak learning rate (SGD, per-step cosine; default 0.1)")
+    t.add_argument("--momentum", type=_float, help="SGD momentum, Nesterov (default 0.9)")
+    t.add_argument("--weight-decay", type=_float, help="SGD weight decay (default 5e-4)")
+    t.add_argument("--warmup", type=_float, help="share of training with linear LR warm-up (default 0.03)")
     t.add_argument(
         "--lr-rule",
         choices=("same", "scaled"),
-        default=None,
         help="LR of a step that trains fewer rows than --batch-size (a batch budget, a selected batch): the same (default), or scaled by rows / batch size",
     )
     t.add_argument(
         "--augment",
         action=argparse.BooleanOptionalAction,
-        default=None,
         help="random crop + flip (default: on for RGB images)",
     )
     t.add_argument(
         "--channels-last",
         action=argparse.BooleanOptionalAction,
-        default=None,
         help="channels-last memory format (default: on)",
     )
-    t.add_argument(
-        "--device", default=None, help="auto (default: cuda when available, else cpu), cpu, cuda, cuda:1"
-    )
+    t.add_argument("--device", help="auto (default: cuda when available, else cpu), cpu, cuda, cuda:1")
 
 
 def _method_options(b: Any) -> None:
@@ -222,7 +205,6 @@ def _method_options(b: Any) -> None:
         h.add_argument(
             "--" + option.replace("_", "-"),
             type=kind,
-            default=None,
             help=f"{name} of {', '.join(kinds)} (default {default})",
         )
 
@@ -265,13 +247,10 @@ def _report_parser(sub: Any) -> None:
         "--methods, one per core, machine or torchrun job) merge into one report. Nothing is written over its input.",
     )  # fmt: skip
     r.add_argument("results", nargs="+", help="results.json files, or the folders that hold them")
-    r.add_argument(
-        "--out", default=None, help="folder for the report (default: <name>.report/ beside the one input)"
-    )
+    r.add_argument("--out", help="folder for the report (default: <name>.report/ beside the one input)")
     r.add_argument(
         "--clock",
         choices=("work", "wall", "cpu"),
-        default=None,
         help="judge the stored runs again on this clock (default: the one the study ran on)",
     )
     r.add_argument("--no-plots", action="store_true", help="skip the PNG plots and report.html")
@@ -289,25 +268,21 @@ def _micro_parser(sub: Any) -> None:
     mp.add_argument("--sizes", default="1280000,10000000,100000000", help="comma-separated dataset sizes")
     mp.add_argument("--repeats", type=_int, default=5, help="plans timed per size (best is reported)")
     mp.add_argument("--policy", choices=("infobatch", "random"), default="infobatch")
-    mp.add_argument(
-        "--world", type=_int, default=None, help="ranks simulated in one process (with --shard; 8)"
-    )
+    mp.add_argument("--world", type=_int, help="ranks simulated in one process (with --shard; 8)")
     mp.add_argument(
         "--shard",
         action="store_true",
         help="sharded scores and plans (shard_scores=True), per simulated rank",
     )
     mu = msub.add_parser("update", help="microseconds per InfoBatch.update() call")
-    mu.add_argument("--batch-size", type=_int, default=128)
     mu.add_argument("--num-samples", type=_int, default=60000)
-    mu.add_argument("--steps", type=_int, default=300, help="steps per timed block")
-    mu.add_argument("--device", default="cpu")
     ms = msub.add_parser("select", help="Selective Backprop's selection cost per step vs a training step")
-    ms.add_argument("--batch-size", type=_int, default=128)
-    ms.add_argument("--steps", type=_int, default=50)
-    ms.add_argument("--device", default="cpu")
+    for p, steps in ((mu, 300), (ms, 50)):
+        p.add_argument("--batch-size", type=_int, default=128)
+        p.add_argument("--steps", type=_int, default=steps, help="steps per timed block")
+        p.add_argument("--device", default="cpu")
     for p in (mp, mu, ms):
-        p.add_argument("--json", default=None, help="also write the figures to this JSON file")
+        p.add_argument("--json", help="also write the figures to this JSON file")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -327,20 +302,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # ---------------------------------------------------------------------------- checks of parsed values
-def _option(value: Any, option: str, low: float | None = None, high: float | None = None, **kw: Any) -> float:
-    from leanbatch.checks import check_real
-
+def _checked(check: Callable[..., Any], value: Any, option: str, *args: Any, **kw: Any) -> Any:
+    """``check(value, option, ...)``, its refusal a :class:`CLIError`."""
     try:
-        return check_real(value, option, low, high, **kw)
-    except ValueError as e:
-        raise CLIError(str(e)) from None
-
-
-def _count(value: Any, option: str, minimum: int = 1) -> int:
-    from leanbatch.checks import check_int
-
-    try:
-        return check_int(value, option, minimum)
+        return check(value, option, *args, **kw)
     except (TypeError, ValueError) as e:
         raise CLIError(str(e)) from None
 
@@ -357,37 +322,28 @@ def check_training_options(args: argparse.Namespace) -> None:
         ...     print(str(e).split(": ")[0])
         --momentum must be a finite number in (0, 1), got 0.0
     """
-    if args.batch_size is not None:
-        _count(args.batch_size, "--batch-size")
-    if args.lr is not None:
-        _option(args.lr, "--lr", 0.0, low_open=True)
-    if args.momentum is not None:
-        _option(
-            args.momentum,
-            "--momentum",
-            0.0,
-            1.0,
-            low_open=True,
-            high_open=True,
-            hint="the SGD is Nesterov, which needs a momentum > 0",
-        )
-    if args.weight_decay is not None:
-        _option(args.weight_decay, "--weight-decay", 0.0)
-    if args.warmup is not None:
-        _option(args.warmup, "--warmup", 0.0, 1.0, high_open=True)
+    from leanbatch.checks import check_int, check_real
     from leanbatch.engine.judging.results import parse_tolerance
 
-    try:
-        args.tolerance = parse_tolerance(args.tolerance, "--tolerance")
-    except ValueError as e:
-        raise CLIError(str(e)) from None
-    if args.threads is not None:
-        _count(args.threads, "--threads")
+    nesterov = "the SGD is Nesterov, which needs a momentum > 0"
+    share = {"low": 0.0, "high": 1.0, "high_open": True}
+    for name, check, bounds in (
+        ("batch_size", check_int, {"minimum": 1}),
+        ("lr", check_real, {"low": 0.0, "low_open": True}),
+        ("momentum", check_real, {**share, "low_open": True, "hint": nesterov}),
+        ("weight_decay", check_real, {"low": 0.0}),
+        ("warmup", check_real, share),
+        ("threads", check_int, {"minimum": 1}),
+    ):
+        if getattr(args, name) is not None:
+            _checked(check, getattr(args, name), "--" + name.replace("_", "-"), **bounds)
+    args.tolerance = _checked(parse_tolerance, args.tolerance, "--tolerance")
 
 
-def check_out_folder(out: Path) -> None:
-    """Create ``--out`` and raise :class:`CLIError` unless a file can be written in it and it holds
-    no results.json that is not a leanbatch result (which would be written over).
+def check_out_folder(out: Path, check: Callable[[Path], None] | None = None) -> None:
+    """Create ``--out`` and raise :class:`CLIError` unless a file can be written in it and ``check``
+    passes (default: it holds no results.json that is not a leanbatch result, which would be
+    written over).
 
     Example:
         >>> try:
@@ -404,7 +360,7 @@ def check_out_folder(out: Path) -> None:
     try:
         out.mkdir(parents=True, exist_ok=True)
         check_writable_folder(out)
-        check_bench_out(out)
+        (check or check_bench_out)(out)
     except OSError as e:
         raise CLIError(f"cannot write --out {out}: {e.strerror or e}") from None
     except ValueError as e:
@@ -423,17 +379,15 @@ def check_micro_options(args: argparse.Namespace) -> Path | None:
         ...     print(e)
         --steps must be an int >= 1, got 0
     """
+    from leanbatch.checks import check_int
     from leanbatch.engine.judging.files import check_target, check_writable_folder
 
     if args.micro is None:
         raise CLIError("micro needs a benchmark: plan, update or select (see leanbatch micro --help)")
     for name in ("repeats", "steps", "batch_size", "num_samples"):
         if hasattr(args, name):
-            _count(
-                getattr(args, name),
-                "--" + name.replace("_", "-"),
-                2 if args.micro == "select" and name == "batch_size" else 1,
-            )
+            low = 2 if args.micro == "select" and name == "batch_size" else 1
+            _checked(check_int, getattr(args, name), "--" + name.replace("_", "-"), low)
     if args.micro == "update" and args.batch_size > args.num_samples:
         raise CLIError(f"--batch-size {args.batch_size} is larger than --num-samples {args.num_samples}")
     if not args.json:

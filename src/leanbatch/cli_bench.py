@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import io
 import os
 import shlex
@@ -58,13 +59,13 @@ def resolve_device(name: str) -> str:
     return str(dev)
 
 
-def _arms(args: argparse.Namespace, methods: str) -> list[Any]:
-    """The arms: ``--methods`` (``methods`` without it), their twins (``--controls``), the baseline's budgets."""
+def _arms(args: argparse.Namespace) -> list[Any]:
+    """The arms: ``--methods`` (or the default ones), their twins (``--controls``), the baseline's budgets."""
     from leanbatch.arms.grid import study_arms
-    from leanbatch.arms.methods import OPTIONS
+    from leanbatch.arms.methods import DEFAULT_METHODS, OPTIONS
 
     return study_arms(
-        args.methods or methods, budgets=args.budgets, batch_budgets=args.batch_budgets,
+        args.methods or ",".join(DEFAULT_METHODS), budgets=args.budgets, batch_budgets=args.batch_budgets,
         controls=bool(args.controls), options={k: getattr(args, k) for k in OPTIONS},
     )  # fmt: skip
 
@@ -73,11 +74,10 @@ def _image_task(args: argparse.Namespace, arms: list[Any]) -> tuple[Any, dict[st
     """The built-in image task from its options: the task, its config, its data, the seeds' text."""
     import torch
 
-    from leanbatch.tasks.images.checks import check_batches
     from leanbatch.tasks.images.config import TrainConfig
     from leanbatch.tasks.images.data import load_data
     from leanbatch.tasks.images.presets import resolve
-    from leanbatch.tasks.images.task import ImageTask
+    from leanbatch.tasks.images.task import ImageTask, check_batches
 
     if args.quick and args.preset not in (None, "quick"):
         raise CLIError(f"--quick and --preset {args.preset} conflict: give one of them")
@@ -91,28 +91,12 @@ def _image_task(args: argparse.Namespace, arms: list[Any]) -> tuple[Any, dict[st
     opts = resolve(preset, {k: getattr(args, k) for k in ("data", "epochs", "seeds", "model", "widths")})
     if opts["epochs"] < 1:
         raise CLIError(f"--epochs must be >= 1, got {opts['epochs']}")
-    given = {
-        k: getattr(args, k)
-        for k in (
-            "batch_size",
-            "lr",
-            "momentum",
-            "weight_decay",
-            "warmup",
-            "lr_rule",
-            "channels_last",
-            "augment",
-        )
-    }
     widths = None if opts["widths"] is None else tuple(int_list(opts["widths"], "--widths", positive=True))
-    device = resolve_device(args.device or "auto")
-    cfg = TrainConfig(
-        epochs=opts["epochs"],
-        device=device,
-        model=opts["model"],
-        widths=widths,
-        **{k: v for k, v in given.items() if v is not None},
-    )
+    # TrainConfig's fields from the options of the same name, what the preset and --device resolve over them
+    given = {f.name: getattr(args, f.name, None) for f in dataclasses.fields(TrainConfig)}
+    given |= {"epochs": opts["epochs"], "model": opts["model"], "widths": widths}
+    given["device"] = resolve_device(args.device or "auto")
+    cfg = TrainConfig(**{k: v for k, v in given.items() if v is not None})
     if args.threads:
         torch.set_num_threads(args.threads)
     data = load_data(opts["data"], args.limit_train, args.limit_test)
@@ -150,7 +134,6 @@ def _user_task(args: argparse.Namespace) -> tuple[Any, dict[str, Any], dict[str,
 
 def study_from(args: argparse.Namespace) -> Study:
     """Every option checked and the task loaded, before anything trains: the :class:`~leanbatch.engine.running.study.Study`."""
-    from leanbatch.arms.methods import DEFAULT_METHODS
     from leanbatch.engine.judging.verdicts import default_goal
     from leanbatch.engine.running.study import Study
 
@@ -158,9 +141,9 @@ def study_from(args: argparse.Namespace) -> Study:
 
     if args.task:
         task, config, data, seeds_text = _user_task(args)
-        arms = _arms(args, ",".join(DEFAULT_METHODS))
+        arms = _arms(args)
     else:
-        arms = _arms(args, ",".join(DEFAULT_METHODS))
+        arms = _arms(args)
         task, config, data, seeds_text = _image_task(args, arms)
     seeds = int_list(seeds_text, "--seeds", high=MAX_SEED)
     if not seeds or len(set(seeds)) != len(seeds):

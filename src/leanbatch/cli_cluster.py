@@ -29,22 +29,19 @@ def ray_options(b: Any, integer: Any = int) -> None:
     (``integer``: the parser's reader of an integer)."""
     r = b.add_argument_group('resuming, and on a Ray cluster (pip install "leanbatch[ray]"; docs/ray.md)')
     r.add_argument("--fresh", action="store_true", help=_FRESH)
-    r.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS", help=_RAY)
+    r.add_argument("--ray", nargs="?", const="", metavar="ADDRESS", help=_RAY)
     r.add_argument(
         "--run-resources",
-        default=None,
         help="each run's resources on the cluster, e.g. cpu=4,gpu=1 (and any custom resource; default cpu=1)",
     )
     r.add_argument(
         "--run-workers",
         type=integer,
-        default=None,
         help="processes per run, each with --run-resources, for a distributed task (RANK, WORLD_SIZE, MASTER_ADDR set as by torchrun; default 1)",
     )
     r.add_argument(
         "--retries",
         type=integer,
-        default=None,
         help="times a run whose worker or node dies is tried again (default 1); a task that raises is reported, not retried",
     )
 

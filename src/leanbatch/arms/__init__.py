@@ -7,13 +7,7 @@ defaults, how to build the library's policy or selector from them, its uniform t
 uniform twin (``--controls``). The engine (:mod:`leanbatch.engine`) runs them on a task.
 
 Example:
-    >>> from leanbatch.arms import Arm, parse_methods
+    >>> from leanbatch.arms.methods import parse_methods
     >>> [a.label for a in parse_methods("baseline,infobatch")]
     ['baseline', 'infobatch']
 """
-
-from leanbatch.arms.methods import Arm, ArmError, parse_methods
-from leanbatch.arms.registry import REGISTRY
-from leanbatch.arms.twins import with_controls
-
-__all__ = ["REGISTRY", "Arm", "ArmError", "parse_methods", "with_controls"]

@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from leanbatch.arms.registry import MAX_BUDGET, REGISTRY, MethodKind, SelectorContext, Setting
-from leanbatch.checks import check_real
 from leanbatch.policies import Policy
 from leanbatch.selection import Selector
 from leanbatch.selection.tokens import TokenSelection
@@ -47,16 +46,7 @@ DEFAULT_METHODS = tuple(k.name for k in REGISTRY.values() if k.default_run)
 DEFAULT_BUDGETS = "0.5,0.7,0.85,1"
 DEFAULT_BATCH_BUDGETS = "0.5,0.7"
 # the global options (--prune-ratio, --delta, --sb-*, --stack-scores): each sets its setting in every arm that has it
-OPTIONS = (
-    "prune_ratio",
-    "delta",
-    "sb_keep",
-    "sb_start",
-    "sb_end",
-    "sb_scale",
-    "sb_interrupt",
-    "stack_scores",
-)
+OPTIONS = tuple(dict.fromkeys(s.option for k in REGISTRY.values() for s in k.settings if s.option))
 
 
 class ArmError(ValueError):
@@ -130,11 +120,15 @@ class Arm:
             >>> parse_methods("rs2")[0].policy(8, seed=0)
             RS2Policy(prune_ratio=0.3, num_epochs=8, delta=1.0, seed=0)
         """
-        return self.method.build_policy(self.settings, num_epochs, seed)
+        if self.method.policy is None:
+            raise ValueError(f"{self.kind} does not prune")
+        return self.method.policy(self.settings, num_epochs, seed)
 
     def selector(self, context: SelectorContext) -> Selector:
         """This arm's selector (``selects`` only)."""
-        return self.method.build_selector(self.settings, context)
+        if self.method.selector is None:
+            raise ValueError(f"{self.kind} does not select")
+        return self.method.selector(self.settings, context)
 
     def token_selection(self, seed: int) -> TokenSelection:
         """This arm's token selection (``selects_tokens`` only), seeded for the run.
@@ -143,7 +137,9 @@ class Arm:
             >>> parse_methods("token-selection[keep=0.7]")[0].token_selection(0)
             TokenSelection(keep=0.7, start=0.0, end=1.0, policy='excess', seed=0)
         """
-        return self.method.build_tokens(self.settings, seed)
+        if self.method.tokens is None:
+            raise ValueError(f"{self.kind} does not select tokens")
+        return self.method.tokens(self.settings, seed)
 
     def probe_selector(self) -> Selector:
         """This arm's selector built for checks: seed 0, a one-sample memory, zero irreducible losses,
@@ -221,10 +217,7 @@ def _convert(setting: Setting, key: str, value: str, item: str) -> Any:
         kind = "an integer" if setting.type == "int" else "a number"
         raise ArmError(f"method {item!r}: {key} must be {kind}, got {value!r}") from None
     if not math.isfinite(number):
-        try:
-            check_real(number, setting.name)
-        except ValueError as e:
-            raise ArmError(f"method {item!r}: {e}") from None
+        raise ArmError(f"method {item!r}: {setting.name} must be a finite number, got {number!r}")
     return number
 
 

@@ -6,16 +6,12 @@ papers' defaults, and the builders of the library objects: the pruning policy (f
 :class:`~leanbatch.InfoBatch`), the selector (a :class:`~leanbatch.selection.Selector`) or the
 token selection (a :class:`~leanbatch.TokenSelection`, trained through ``run.token_loss``). An arm
 is validated by building them, so a bad value fails with the library's own one-line message.
-
-``twin`` (a :class:`Twin`) says how to make the arm that spends the same budget uniformly at
-random: InfoBatch's is ``random``; Selective Backprop's (and the proxy's, RHO-LOSS's) the
-``uniform`` kind with the same window and keep; online batch selection's itself at
-``pressure=1``; token selection's itself at ``policy=random`` (:mod:`~leanbatch.engine.judging.controls`).
+``twin`` (a :class:`Twin`) makes its uniform twin (:mod:`~leanbatch.arms.twins`).
 
 Example:
     >>> REGISTRY["rs2"].family, [s.name for s in REGISTRY["rs2"].settings]
     ('pruning', ['prune_ratio'])
-    >>> REGISTRY["rs2"].build_policy({"prune_ratio": 0.3}, num_epochs=8, seed=0)
+    >>> REGISTRY["rs2"].policy({"prune_ratio": 0.3}, 8, 0)
     RS2Policy(prune_ratio=0.3, num_epochs=8, delta=1.0, seed=0)
 """
 
@@ -57,11 +53,11 @@ class SelectorContext(NamedTuple):
     """What building a selector needs besides its settings: the arm's seed, the dataset's size (a
     memory of losses), how to make a proxy model of a given width with its optimizer (``sb-proxy``),
     and the irreducible losses of a ``rho-loss`` arm; the task provides the last two
-    (:meth:`~leanbatch.engine.Run.select`).
+    (:meth:`~leanbatch.engine.Run.select`); ``loss_fn``: Selective Backprop's (a framework's select()).
 
     Example:
         >>> ctx = SelectorContext(seed=0, num_samples=100)
-        >>> REGISTRY["obs"].build_selector(REGISTRY["obs"].defaults(), ctx).keep
+        >>> REGISTRY["obs"].selector(REGISTRY["obs"].defaults(), ctx).keep
         0.5
     """
 
@@ -69,19 +65,17 @@ class SelectorContext(NamedTuple):
     num_samples: int
     proxy: Callable[[float], tuple[nn.Module, torch.optim.Optimizer]] | None = None
     irreducible: Callable[[], Tensor] | None = None
-    loss_fn: Callable[..., Tensor] | None = (
-        None  # Selective Backprop's default (a framework's select() uses it)
-    )
+    loss_fn: Callable[..., Tensor] | None = None
 
 
 @dataclass(frozen=True)
 class Setting:
     """One setting of a method: the library's name, the paper's default, how ``--methods`` reads it.
 
-    ``type``: ``"float"``, ``"int"``, ``"choice"`` (one of ``choices``) or ``"optional"`` (a float,
-    or ``none``: off). ``check`` validates a setting no library object checks. ``option``: the global
-    command-line option that sets it in every arm that has it (``--sb-keep`` sets ``keep`` of the
-    Selective Backprop kinds).
+    ``type``: ``"float"``, ``"int"``, ``"choice"`` (text, checked to be one of ``choices`` when they are
+    given) or ``"optional"`` (a float, or ``none``: off). ``check`` validates a setting no library
+    object checks. ``option``: the global command-line option that sets it in every arm that has it
+    (``--sb-keep`` sets ``keep`` of the Selective Backprop kinds).
 
     Example:
         >>> Setting("max_weight", None, "optional").describe()
@@ -97,8 +91,11 @@ class Setting:
 
     def describe(self) -> str:
         """``name=default``, for ``--help``."""
-        d = self.default
-        return f"{self.name}={'none' if d is None else d if self.type == 'choice' else format(d, 'g')}"
+        return f"{self.name}={_shown(self.default)}"
+
+
+def _shown(value: Any) -> str:
+    return "none" if value is None else value if isinstance(value, str) else format(value, "g")
 
 
 @dataclass(frozen=True)
@@ -151,12 +148,6 @@ class MethodKind:
         """Token-level selection (a :class:`~leanbatch.TokenSelection` in ``run.token_loss``)."""
         return self.tokens is not None
 
-    def build_tokens(self, settings: Settings, seed: int) -> TokenSelection:
-        """The token selection of ``settings``, seeded for the run."""
-        if self.tokens is None:
-            raise ValueError(f"{self.name} does not select tokens")
-        return self.tokens(settings, seed)
-
     def setting(self, name: str) -> Setting | None:
         """The setting called ``name`` (``None``: not one of this kind's)."""
         return next((s for s in self.settings if s.name == name), None)
@@ -165,23 +156,13 @@ class MethodKind:
         """Every setting at its default."""
         return {s.name: s.default for s in self.settings}
 
-    def build_policy(self, settings: Settings, num_epochs: int, seed: int) -> Policy:
-        """The pruning policy of ``settings`` for ``InfoBatch(policy=...)``."""
-        if self.policy is None:
-            raise ValueError(f"{self.name} does not prune")
-        return self.policy(settings, num_epochs, seed)
-
-    def build_selector(self, settings: Settings, context: SelectorContext) -> Selector:
-        """The selector of ``settings``, called on every batch."""
-        if self.selector is None:
-            raise ValueError(f"{self.name} does not select")
-        return self.selector(settings, context)
-
     def check(self, settings: Settings) -> None:
         """Run the settings' own checks (the library checks the rest when its objects are built)."""
         for s in self.settings:
             if s.check is not None:
                 s.check(settings[s.name])
+            if s.choices:
+                check_choice(settings[s.name], s.name, s.choices)
         if self.name == "baseline" and settings["budget"] != 1.0 and settings["batch"] != 1.0:
             raise ValueError("a baseline arm trains a budget of steps or a batch budget, not both")
 
@@ -254,7 +235,7 @@ def _il_epochs(v: Any) -> Any:
 _INFOBATCH = (
     Setting("prune_ratio", 0.5, option="prune_ratio"),
     Setting("delta", 0.875, option="delta"),
-    Setting("target", "below", "choice", ("below", "all")),
+    Setting("target", "below", "choice"),  # InfoBatchPolicy checks it, saying what each means
     Setting("warmup_epochs", 0, "int"),
     Setting("refresh_every", 0, "int"),
     Setting("max_weight", None, "optional"),
@@ -270,10 +251,7 @@ _WINDOW = (Setting("keep", 0.5), Setting("start", 0.0), Setting("end", 1.0), Set
 _PRESSURE_ONE = (("pressure", 1.0), ("final_pressure", None))  # the loss-rank draw made uniform
 _BUDGETED = (Setting("prune_ratio", 0.3),)
 _BANDIT = (*_BUDGETED, Setting("epsilon", 0.1), Setting("ema", 0.9))
-_STACK = Setting(
-    "stack_scores", "selection", "choice", ("selection", "trained"),
-    lambda v: check_choice(v, "stack_scores", ("selection", "trained")), option="stack_scores",
-)  # fmt: skip
+_STACK = Setting("stack_scores", "selection", "choice", ("selection", "trained"), option="stack_scores")
 
 _KINDS = (
     MethodKind(
@@ -370,8 +348,7 @@ _KINDS = (
         "token-selection", "tokens",
         "RHO-1's selective language modelling (Lin et al. 2024): train the tokens of largest loss minus a reference's",
         (Setting("keep", 0.6), Setting("start", 0.0), Setting("end", 1.0),
-         Setting("policy", "excess", "choice", ("excess", "random"),
-                 lambda v: check_choice(v, "policy", ("excess", "random")))),
+         Setting("policy", "excess", "choice", ("excess", "random"))),
         tokens=lambda s, seed: TokenSelection(s["keep"], s["start"], s["end"], policy=s["policy"], seed=seed),
         twin=Twin("token-selection", (("policy", "random"),)),
     ),
@@ -410,10 +387,7 @@ def kinds_help(width: int = 100) -> str:
     ]  # fmt: skip
     for k in REGISTRY.values():
         if k.twin is not None:
-            fixed = ",".join(
-                f"{name}={'none' if v is None else v if isinstance(v, str) else f'{v:g}'}"
-                for name, v in k.twin.fixed
-            )
+            fixed = ",".join(f"{name}={_shown(v)}" for name, v in k.twin.fixed)
             twin = f"{k.twin.kind}{f'[{fixed}]' if fixed else ''}"
             lines += wrapped(
                 f"  {k.name} -> {k.name}~{k.twin.name} ", f"({twin} with the method's other settings)", "    "

@@ -67,12 +67,9 @@ def with_controls(arms: Sequence[Arm]) -> list[Arm]:
     out = list(arms)
     for arm in arms:
         twin = twin_arm(arm)
-        if twin is None:
-            continue
-        same = _among(out, twin)
-        if same is None:
+        if twin is not None and _among(out, twin) is None:
             out.insert(out.index(arm) + 1, twin)
-        out[out.index(arm)] = dataclasses.replace(arm, control=twin.label if same is None else same.label)
+    out = pair_twins(out)
     if not any(a.control for a in out):
         have = [k.name for k in REGISTRY.values() if k.twin is not None]
         raise ArmError(

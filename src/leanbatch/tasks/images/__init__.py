@@ -4,9 +4,9 @@
 (bundled MNIST digits and scikit-learn digits, an ``.npz``, CIFAR-10 batches, an ImageFolder),
 :mod:`~leanbatch.tasks.images.models` holds the models, :mod:`~leanbatch.tasks.images.config` what
 every arm shares, :mod:`~leanbatch.tasks.images.task` the training function written against the run
-contract (:class:`~leanbatch.tasks.images.task.ImageTask`), :mod:`~leanbatch.tasks.images.loop`
-augmentation, evaluation and the warm-up, :mod:`~leanbatch.tasks.images.irreducible` RHO-LOSS's
-holdout model, :mod:`~leanbatch.tasks.images.checks` the checks before anything trains, and
+contract (:class:`~leanbatch.tasks.images.task.ImageTask`) and the checks before anything trains,
+:mod:`~leanbatch.tasks.images.loop` augmentation, evaluation and the warm-up,
+:mod:`~leanbatch.tasks.images.irreducible` RHO-LOSS's holdout model, and
 :mod:`~leanbatch.tasks.images.presets` ``--quick`` and ``--preset cifar10``. Needs the ``bench``
 extra: ``pip install "leanbatch[bench]"``.
 

@@ -1,20 +1,18 @@
 """What is the same for every arm of the image task: :class:`TrainConfig`, and the model it builds.
 
->>> cfg = TrainConfig(epochs=2, batch_size=32)
->>> cfg.at_batch(0.7).batch_size, cfg.as_dict()["epochs"]
-(22, 2)
+>>> TrainConfig(epochs=2, batch_size=32).as_dict()["batch_size"]
+32
 """
 
 from __future__ import annotations
 
 import inspect
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
-from leanbatch.engine.running.data import Budget
 from leanbatch.tasks.images.data import DataSplit
 from leanbatch.tasks.images.models import CompactResNet, SmallCNN, build_model, default_model_name
 
@@ -112,19 +110,6 @@ class TrainConfig:
         with torch.device("meta"):
             model = build_model(self.resolved_model(data), data.in_channels, data.num_classes, self.widths)
         return has_batchnorm(model)
-
-    def at_batch(self, batch: float) -> TrainConfig:
-        """This configuration for a baseline on batches of ``batch`` of the batch size
-        (``round(batch x batch_size)`` rows), its learning rate by ``lr_rule`` (``scaled``: times rows / batch_size).
-
-        Example:
-            >>> cfg = TrainConfig(batch_size=32, lr=0.1, lr_rule="scaled").at_batch(0.5)
-            >>> cfg.batch_size, round(cfg.lr, 6), TrainConfig(batch_size=32).at_batch(0.5).lr
-            (16, 0.05, 0.1)
-        """
-        rows = Budget(batch=batch).rows(self.batch_size)
-        lr = self.lr * rows / self.batch_size if self.lr_rule == "scaled" else self.lr
-        return replace(self, batch_size=rows, lr=lr)
 
     def as_dict(self) -> dict[str, Any]:
         """Plain-Python values, for results.json."""

@@ -44,7 +44,6 @@ from leanbatch.tasks.images.userdata import PIXEL_DTYPES, DataError, RawData, re
 __all__ = [
     "DataSplit",
     "DataError",
-    "BUILTIN_DATASETS",
     "load_data",
     "looks_like_path",
     "min_image_side",

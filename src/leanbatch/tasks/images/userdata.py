@@ -312,13 +312,12 @@ def _majority_mode(files: list[Path]) -> tuple[str, list[str]]:
 
 @contextlib.contextmanager
 def _opened(image: Any, f: Path) -> Iterator[Any]:
-    """``Image.open(f)``, closed afterwards; a file PIL cannot open is a one-line :class:`DataError`."""
+    """``Image.open(f)``, closed afterwards; an image PIL cannot read is a one-line :class:`DataError`."""
     try:
-        im = image.open(f)
+        with image.open(f) as im:
+            yield im
     except Exception as e:  # not an image, truncated, a decompression bomb, ...
         raise DataError(f"{f}: cannot read image ({type(e).__name__}: {e})") from None
-    with im:
-        yield im
 
 
 def _read_images(
@@ -330,15 +329,12 @@ def _read_images(
     resized = 0
     for f in files:
         with _opened(image, f) as im:
-            try:
-                im = im.convert(mode)
-                if size is None:
-                    size = im.size
-                if im.size != size:
-                    im = im.resize(size)
-                    resized += 1
-                images.append(np.asarray(im, dtype=np.uint8))
-            except Exception as e:
-                raise DataError(f"{f}: cannot read image ({type(e).__name__}: {e})") from None
+            im = im.convert(mode)
+            if size is None:
+                size = im.size
+            if im.size != size:
+                im = im.resize(size)
+                resized += 1
+            images.append(np.asarray(im, dtype=np.uint8))
     assert size is not None
     return np.stack(images), size, resized
