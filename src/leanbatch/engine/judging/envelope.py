@@ -28,7 +28,6 @@ from leanbatch.engine.judging.records import RunRecord, work_scale
 from leanbatch.engine.judging.verdicts import (
     CONFIDENCE,
     SeedComparison,
-    better,
     interpolate,
     judge,
     mean_of,
@@ -73,9 +72,7 @@ def envelope_at(
         return None, None, "none"
     values = {f: v for f, pts in drawn.items() if (v := interpolate(pts, t)) is not None}
     if values:
-        best = next(iter(values))
-        for f in values:
-            best = f if better(values[f], values[best], goal) else best
+        best = (max if goal == "max" else min)(values, key=values.__getitem__)
         return values[best], best, "inside"
     if t < min(p[0] for pts in drawn.values() for p in pts):
         return None, None, "faster"

@@ -2,8 +2,7 @@
 merged (:func:`merge_results`): what ``leanbatch report`` does, with no training.
 
 A stored study is judged again from its runs, on any clock (``leanbatch report --clock work``): every
-run holds its counts, so its work needs no new measurement. Schema ``leanbatch.bench/3`` (before
-the work clock) reads as well; what is written is schema 4.
+run holds its counts, so its work needs no new measurement.
 """
 
 from __future__ import annotations
@@ -16,9 +15,7 @@ from leanbatch.engine.judging.records import CLOCKS, RunRecord
 from leanbatch.engine.judging.results import SCHEMA, build_results, parse_tolerance
 from leanbatch.engine.judging.verdicts import GOALS
 
-__all__ = ["READS", "check_payload", "merge_results", "rebuild"]
-
-READS = (SCHEMA, "leanbatch.bench/3")  # the schemas a results.json is read in
+__all__ = ["check_payload", "merge_results", "rebuild"]
 
 
 def _fail(where: str, what: str) -> ValueError:
@@ -45,7 +42,7 @@ def check_payload(payload: Any, name: str) -> list[RunRecord]:
     """The runs of a results.json payload, after checking every key the report reads (``name``: the
     file, for the message); ``ValueError`` of one line naming the key otherwise."""
     _expect(payload, name, dict)
-    if payload.get("schema") not in READS:
+    if payload.get("schema") != SCHEMA:
         raise _fail(
             name, f"schema {payload.get('schema')!r}, not {SCHEMA!r}: rerun the bench with this leanbatch"
         )

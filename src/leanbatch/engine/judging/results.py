@@ -120,13 +120,7 @@ def summarize(
     base_cost = spread_of([r.cost(clock, scale) for r in base])[0]
     base_metric = mean_of([r.metric for r in base]) if base else None
     tol = None if base_metric is None else tolerance_of(tolerance, base_metric)
-    target = (
-        None
-        if base_metric is None or tol is None
-        else base_metric - tol
-        if goal == "max"
-        else base_metric + tol
-    )
+    target = None if base_metric is None or tol is None else base_metric + (-tol if goal == "max" else tol)
     rows = []
     for lab, rs in groups.items():
         metrics, times = [r.metric for r in rs], [r.train_time_s for r in rs]

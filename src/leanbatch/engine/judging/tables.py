@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import math
 import textwrap
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import Any
 
 from leanbatch.engine.judging.records import clock_axis
 from leanbatch.engine.judging.verdicts import std_of
 
 __all__ = [
+    "answers",
     "format_answer",
     "format_brief",
     "format_controls",
@@ -151,25 +152,35 @@ def overall(envelope_verdict: str | None, twin_verdict: str | None) -> str:
     return f"not decided ({envelope_verdict or 'no envelope'})"
 
 
+def answers(payload: dict[str, Any]) -> Iterator[tuple[dict[str, Any], Any, Any, str]]:
+    """Each method of the summary but the yardsticks (the baselines, the added twins): its row, its
+    envelope row and its twin's (None without), and what they mean together (:func:`overall`).
+
+    Example:
+        >>> rows = {"summary": [{"method": "sb", "kind": "sb"}], "envelope": {"rows": []}}
+        >>> [(row["method"], verdict) for row, _, _, verdict in answers({**rows, "controls": {"rows": []}})]
+        [('sb', 'not decided (no envelope)')]
+    """
+    env = {r["method"]: r for r in payload["envelope"]["rows"]}
+    twins = {r["method"]: r for r in payload["controls"]["rows"]}
+    for row in payload["summary"]:
+        if row["kind"] != "baseline" and "~" not in row["method"]:
+            e, t = env.get(row["method"]), twins.get(row["method"])
+            yield row, e, t, overall(None if e is None else e["verdict"], None if t is None else t["verdict"])
+
+
 def format_answer(payload: dict[str, Any]) -> str:
     """One line per method that is not a baseline: the answer, ahead of the tables (judged on the
     study's clock: the same training prints the same answer on any machine)."""
     cfg = payload["config"]
     metric, goal, clock = cfg.get("metric", "metric"), cfg.get("goal", "max"), cfg.get("clock", "work")
-    env = {r["method"]: r for r in payload["envelope"]["rows"]}
-    twins = {r["method"]: r for r in payload["controls"]["rows"]}
     saved = "work saved" if clock == "work" else f"{clock_axis(clock)[0].removesuffix(' s')} saved"
     head = ["method", saved, f"{metric} vs baseline", "vs envelope", "vs its twin", "verdict"]
     lines = [head]
-    for row in payload["summary"]:
-        if row["kind"] == "baseline" or "~" in row["method"]:  # the baselines and the added twins: yardsticks
-            continue
-        e, t = env.get(row["method"]), twins.get(row["method"])
-        ratio = row["cost_ratio_vs_baseline"]
+    for row, e, t, verdict in answers(payload):
         lines.append([
-            row["method"], _saved(ratio), _fmt(row["metric_delta_vs_baseline"], "+.3g"), "-" if e is None else _diff(e),
-            _diff(t) if row.get("control") else "(no twin)",
-            overall(None if e is None else e["verdict"], None if t is None else t["verdict"]),
+            row["method"], _saved(row["cost_ratio_vs_baseline"]),
+            _fmt(row["metric_delta_vs_baseline"], "+.3g"), "-" if e is None else _diff(e), _diff(t), verdict,
         ])  # fmt: skip
     seeds = cfg.get("seeds", [])
     title = (
@@ -194,15 +205,11 @@ def format_brief(payload: dict[str, Any], width: int = 100, where: str = "") -> 
     """
     cfg = payload["config"]
     metric, clock = cfg.get("metric", "metric"), cfg.get("clock", "work")
-    env = {r["method"]: r for r in payload["envelope"]["rows"]}
-    twins = {r["method"]: r for r in payload["controls"]["rows"]}
     saved = "work" if clock == "work" else f"{clock} time"
     head = f"the answer ({metric}, {_goal(cfg.get('goal', 'max'))}; {len(cfg.get('seeds', []))} seed(s); {clock} clock):"
     lines = textwrap.wrap(head, width)
-    rows = [r for r in payload["summary"] if r["kind"] != "baseline" and "~" not in r["method"]]
-    for row in rows:
-        e, t = env.get(row["method"]), twins.get(row["method"])
-        verdict = overall(None if e is None else e["verdict"], None if t is None else t["verdict"])
+    rows = list(answers(payload))
+    for row, e, t, verdict in rows:
         figures = [
             f"{saved} saved {_saved(row['cost_ratio_vs_baseline'])}",
             f"{metric} vs the full baseline {_fmt(row['metric_delta_vs_baseline'], '+.3g')}",
