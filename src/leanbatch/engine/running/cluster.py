@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 from leanbatch.engine.judging.records import RunRecord
-from leanbatch.engine.running.run import Run
 from leanbatch.engine.running.study import Outcome, Study
 from leanbatch.engine.running.trial import OUTCOME, Spec, trial
 
@@ -202,12 +201,11 @@ def run_on_ray(
     cluster: Cluster,
     on_run: Callable[[RunRecord], None] = lambda r: None,
     on_seed: Callable[[Outcome], None] = lambda o: None,
-    on_log: Callable[[Run], None] | None = None,
     kept: Sequence[RunRecord] = (),
 ) -> Outcome:
     """:func:`~leanbatch.engine.running.study.run_study` on a Ray cluster: every run not ``kept`` a Tune
-    trial, ``on_run`` and ``on_seed`` as each ends (``on_log`` is Tune's: its progress table and loggers
-    show every ``run.log``). A default method left out is taken off ``study.arms``."""
+    trial, ``on_run`` and ``on_seed`` as each ends (every ``run.log`` goes to Tune: its progress table and
+    loggers show it). A default method left out is taken off ``study.arms``."""
     cluster.check()
     ray, tune = _ray()
     out = Outcome(runs=list(kept))
@@ -238,8 +236,7 @@ def _fit(tune: Any, study: Study, cluster: Cluster, out: Outcome, todo: list[dic
          on_run: Callable[[RunRecord], None], on_seed: Callable[[Outcome], None]) -> None:  # fmt: skip
     """One Tune experiment: a trial per run in ``todo``, its outcomes into ``out``."""
     _by_value(study.task)
-    spec = Spec(study.task, {a.label: a for a in study.arms}, study.metric, study.metric_option,
-                study.optional, cluster.workers, dict(cluster.resources), cluster.threads)  # fmt: skip
+    spec = Spec(study, cluster.workers, dict(cluster.resources), cluster.threads)
     keep, breach = _hooks(tune, _Books(out, on_run, on_seed, cluster.retries))
     storage = None if cluster.storage is None else str(Path(cluster.storage).resolve())
     tuner = tune.Tuner(

@@ -44,7 +44,7 @@ def histogram(values: Tensor, threshold: float | None, epoch: int, bins: int = 6
     }
 
 
-def snapshot_epochs(policy: Any, epochs: int, count: int = 3) -> set[int]:
+def snapshot_epochs(policy: Any, epochs: int) -> set[int]:
     """Pruning epochs (first, middle, last) whose planning scores are kept: among epochs 1 to the
     policy's last pruning epoch (epoch 0 plans from no scores).
 
@@ -53,14 +53,10 @@ def snapshot_epochs(policy: Any, epochs: int, count: int = 3) -> set[int]:
         >>> snapshot_epochs(InfoBatchPolicy(0.5, 8, 0.875), 8), snapshot_epochs(None, 8)
         ({1, 3, 6}, set())
     """
-    if policy is None or count <= 0:
+    if policy is None:
         return set()
     last = min(int(math.floor(float(getattr(policy, "delta", 1.0)) * epochs)), epochs) - 1
-    if last < 1:
-        return set()
-    if count == 1:
-        return {last}
-    return {p for k in range(count) if 1 <= (p := 1 + (k * (last - 1)) // (count - 1)) <= last}
+    return set() if last < 1 else {1, 1 + (last - 1) // 2, last}
 
 
 def served(data: Any, limited: bool) -> int:
