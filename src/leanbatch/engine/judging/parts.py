@@ -59,13 +59,7 @@ def check_payload(payload: Any, name: str) -> list[RunRecord]:
         raise _fail(f"{name}: config.clock", f"expected one of {', '.join(CLOCKS)}, got {cfg.get('clock')!r}")
     if cfg.get("goal") not in GOALS:
         raise _fail(f"{name}: config.goal", f"expected one of {', '.join(GOALS)}, got {cfg.get('goal')!r}")
-    try:
-        parse_tolerance(payload.get("tolerance"), f"{name}: tolerance")
-    except ValueError:
-        got = payload.get("tolerance")
-        raise _fail(
-            f"{name}: tolerance", f"expected a share like '1%' or a number >= 0, got {got!r}"
-        ) from None
+    parse_tolerance(payload.get("tolerance"), f"{name}: tolerance")
     _expect(payload.get("data"), f"{name}: data", dict)
     runs = _expect(payload.get("runs"), f"{name}: runs", list)
     return [_run(r, f"{name}: runs[{i}]") for i, r in enumerate(runs)]

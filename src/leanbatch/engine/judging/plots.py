@@ -50,13 +50,6 @@ def _cost_curves(payload: dict[str, Any]) -> dict[int, list[float | None]]:
     return {id(r): rec.curve(clock, scale) for r, rec in zip(payload["runs"], records, strict=True)}
 
 
-def _groups(payload: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for r in payload["runs"]:
-        groups.setdefault(r["method"], []).append(r)
-    return groups
-
-
 def _is_budget(runs: list[dict[str, Any]]) -> bool:
     first = runs[0]
     return first["kind"] == "baseline" and (first["budget"] != 1.0 or first["batch"] != 1.0)
@@ -69,7 +62,10 @@ def write_plots(payload: dict[str, Any], out_dir: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    groups = {k: v for k, v in _groups(payload).items() if all(r["epochs"] for r in v)}
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in payload["runs"]:
+        groups.setdefault(r["method"], []).append(r)
+    groups = {k: v for k, v in groups.items() if all(r["epochs"] for r in v)}
     cfg = payload["config"]
     label = f"{cfg.get('metric', 'metric')} ({'higher' if cfg.get('goal', 'max') == 'max' else 'lower'} is better)"
     title = str(payload["data"].get("name", cfg.get("task", "")))

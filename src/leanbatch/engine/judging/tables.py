@@ -96,10 +96,8 @@ def _goal(goal: str) -> str:
 
 def _spread(row: dict[str, Any]) -> str:
     """``+0.12 ± 0.3``: a comparison's mean difference and its spread (``-`` without one)."""
-    mean = row["diff_mean"]
-    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
-        return "-"
-    return f"{mean:+.3g}" + ("" if row["diff_std"] is None else f" ± {row['diff_std']:.2g}")
+    mean = _fmt(row["diff_mean"], "+.3g")
+    return mean if mean == "-" or row["diff_std"] is None else f"{mean} ± {row['diff_std']:.2g}"
 
 
 def _diff(row: dict[str, Any] | None) -> str:

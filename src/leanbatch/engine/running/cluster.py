@@ -53,20 +53,17 @@ def parse_resources(text: str) -> dict[str, float]:
         ...     print(e)
         --run-resources takes name=amount pairs (cpu=4,gpu=1), got 'cpu=four'
     """
-    bundle: dict[str, float] = {}
+    pairs: list[tuple[str, float]] = []
     for part in (p.strip() for p in text.split(",") if p.strip()):
-        name, _, amount = part.partition("=")
+        name, _, amount = (x.strip() for x in part.partition("="))
         try:
             value = float(amount)
         except ValueError:
             value = -1.0
-        if not name.strip() or not value >= 0 or value == float("inf"):
-            raise ClusterError(f"--run-resources takes name=amount pairs (cpu=4,gpu=1), got {text!r}")
-        key = name.strip()
-        bundle[key.upper() if key.lower() in ("cpu", "gpu") else key] = value
-    if not bundle:
+        pairs.append((name.upper() if name.lower() in ("cpu", "gpu") else name, value))
+    if not pairs or not all(name and 0 <= value < float("inf") for name, value in pairs):
         raise ClusterError(f"--run-resources takes name=amount pairs (cpu=4,gpu=1), got {text!r}")
-    return bundle
+    return dict(pairs)
 
 
 @dataclass
