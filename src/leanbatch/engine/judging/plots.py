@@ -1,20 +1,8 @@
-"""PNG plots of a study, drawn from the results.json payload (matplotlib, no display needed).
-
-- ``metric_vs_time.png``: the metric of every ``run.log`` against its cost on the study's clock
-  (work by default, or training time), one line per arm
-  (mean over seeds at each epoch; the baseline's budgets thin and dashed), with the baseline's
-  final value and the tolerance band; the y axis shows the second half of every curve, where
-  the arms differ;
-- ``kept_per_epoch.png``: the share of the training set loaded and backpropagated per epoch
-  (arms with a wrapper; the budgets, which keep everything, left out), each arm with its own
-  marker and a small sideways offset, so no series hides under another;
-- ``loss_histograms.png``: the per-sample scores a pruning method's own arm (not a twin) planned
-  a few epochs from, with the threshold;
-- ``equal_time.png``: final metric against cost on the study's clock: the baseline's two families (fewer
-  steps, smaller batches), their envelope, every other arm as a point with error bars over seeds,
-  labelled with its paired difference to the envelope and its verdict.
-
-Axes name the metric and its goal.
+"""PNG plots of a study, drawn from the results.json payload (matplotlib, no display needed):
+``metric_vs_time.png`` (the metric against the cost so far on the study's clock), ``kept_per_epoch.png``
+(the data loaded and backpropagated), ``loss_histograms.png`` (the scores a pruning arm planned from)
+and ``equal_time.png`` (every arm against the envelope), each as report.html's caption of it
+describes (:mod:`~leanbatch.engine.judging.html`). Axes name the metric and its goal.
 """
 
 from __future__ import annotations

@@ -1,13 +1,5 @@
-"""From finished runs to results.json: the summary, the realisation on this machine, the sections.
-
-results.json (schema ``leanbatch.bench/4``, every key in ``docs/results-json.md``) is one object:
-``schema``, ``command``, ``interrupted``, ``failed`` (arms whose task raised or broke the contract),
-``config`` (the task, the metric and its goal, the seeds, one entry per arm, the budgets, the
-clock the verdicts are on, the task's own settings), ``versions``, ``data`` (what the task trained
-on, as the task says), ``tolerance``, ``summary`` (one row per arm), ``timing`` (the wall-clock
-noise against the savings), ``envelope`` (every arm against the envelope, on the study's clock:
-:mod:`~leanbatch.engine.judging.envelope`), ``controls`` (against the uniform twins:
-:mod:`~leanbatch.engine.judging.controls`) and ``runs`` (every run, per epoch).
+"""From finished runs to results.json (schema ``leanbatch.bench/4``, every key in
+``docs/results-json.md``): the summary, the realisation on this machine, the sections.
 
 The verdicts, the envelope and ``to_target`` are on ``config.clock`` (``work`` by default: the same
 training gives the same figures on any machine); the wall clock is the realisation of the saving:
@@ -197,7 +189,7 @@ def build_results(
     command: str | list[str] | None = None,
     failed: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
-    """The whole results.json payload (the module docstring lists its keys), judged on ``config.clock``."""
+    """The whole results.json payload (``docs/results-json.md`` lists its keys), judged on ``config.clock``."""
     methods = config.get("methods", [])
     order = [m["label"] for m in methods]
     goal, clock = config.get("goal", "max"), config.get("clock", "work")

@@ -1,18 +1,6 @@
-"""The printed answer of a study: :func:`format_brief`, the terminal's last block, and the full tables.
-
-- :func:`format_brief`: per method its verdict and figures in a few short lines, wrapped to the
-  terminal's width;
-- :func:`format_answer`: per method, the saving on the study's clock, the metric against the full
-  baseline, against the envelope and against its uniform twin, and what that means (:func:`overall`);
-- :func:`format_realisation`: the wall clock on this machine (``actual x``: baseline time / arm
-  time, paired by seed; ``achieved``: actual / ideal; ``cpu x``: the same in CPU time), and a line
-  when the baseline's own timing spread is larger than a saving;
-- :func:`format_summary`: every arm's metric, cost and work (``fwd`` / ``bwd``: samples forwarded,
-  selection passes included / backpropagated, as a share of the full run's; ``ideal x``: 1 / the
-  FLOP-weighted work; ``t->target``: the cost until the metric first reached the baseline's final
-  mean less the tolerance, in the goal's direction);
-- :func:`format_envelope`: the envelope's points, then every arm against it, paired by seed;
-- :func:`format_controls`: each method against its uniform twin.
+"""The printed answer of a study: :func:`format_brief`, the terminal's last block, and the full tables
+(:func:`format_results`: the answer, this machine's wall clock, the summary, the envelope, the
+controls; their columns are report.html's glossary, :data:`~leanbatch.engine.judging.html.GLOSSARY`).
 
 Every table names the metric and its goal (``higher is better`` / ``lower is better``); all but the
 realisation are on the study's clock (``work`` by default: the same training prints them the same).
@@ -233,7 +221,7 @@ def format_brief(payload: dict[str, Any], width: int = 100, where: str = "") -> 
 def format_summary(
     rows: Sequence[dict[str, Any]], metric: str, goal: str, tolerance: float | str, clock: str = "work"
 ) -> str:
-    """Every arm's metric, cost on ``clock`` and work (columns: the module docstring)."""
+    """Every arm's metric, cost on ``clock`` and work (``fwd``, ``bwd``, ``ideal x``, ``t->target``)."""
     head, _, spec = clock_axis(clock)
     unit = head.removesuffix(" s")
     lines = [["method", f"{metric} ({goal})", head, f"{unit} saved", "fwd", "bwd", "ideal x", "t->target"]]
