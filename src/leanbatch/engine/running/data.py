@@ -40,6 +40,7 @@ from torch import Tensor
 
 from leanbatch import InfoBatch
 from leanbatch.checks import check_per_sample_loss
+from leanbatch.ranks import world_size
 
 __all__ = [
     "Budget",
@@ -48,7 +49,6 @@ __all__ = [
     "CountedInfoBatch",
     "HookMissing",
     "StudyError",
-    "world_size",
 ]
 
 
@@ -66,13 +66,6 @@ class StudyError(ContractError):
 class HookMissing(ContractError):
     """A batch-level arm the user did not ask for (a default method) trained a step without the
     selection hook (``run.select``): the arm is left out of the study."""
-
-
-def world_size() -> int:
-    """The processes of torch.distributed's default group (1 outside a distributed run)."""
-    import torch.distributed as dist
-
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def _round(x: float) -> int:

@@ -46,10 +46,10 @@ from leanbatch.engine.running.data import (
     CountedInfoBatch,
     HookMissing,
     StudyError,
-    world_size,
 )
 from leanbatch.engine.running.selecting import Pick, select
 from leanbatch.engine.running.tally import Tally
+from leanbatch.ranks import world_size
 from leanbatch.selection import Selector
 from leanbatch.selection.tokens import TokenSelection
 

@@ -21,7 +21,8 @@ import torch
 from torch import Tensor
 
 from leanbatch import InfoBatch
-from leanbatch.engine.running.data import CountedInfoBatch, world_size
+from leanbatch.engine.running.data import CountedInfoBatch
+from leanbatch.ranks import world_size
 
 __all__ = ["Tally", "histogram", "served", "snapshot_epochs"]
 
