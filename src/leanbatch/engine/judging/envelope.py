@@ -22,6 +22,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 from typing import Any
 
 from leanbatch.engine.judging.records import RunRecord, work_scale
@@ -137,7 +138,7 @@ def envelope(
                 for r in sorted(rs, key=lambda r: r.seed)
                 if r.seed in curves
             ]
-            rows.append({"method": lab, "kind": first.kind, **judge(per_seed, goal).as_dict()})
+            rows.append({"method": lab, "kind": first.kind, **asdict(judge(per_seed, goal))})
     for points in families.values():
         points.sort(key=lambda p: p["share"])
     return {

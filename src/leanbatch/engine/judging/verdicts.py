@@ -28,7 +28,6 @@ import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
 
 __all__ = [
     "CONFIDENCE",
@@ -183,10 +182,6 @@ class Comparison:
     faster: int = 0
     slower: int = 0
     per_seed: list[SeedComparison] = field(default_factory=list)
-
-    def as_dict(self) -> dict[str, Any]:
-        """Plain values for results.json."""
-        return asdict(self)
 
 
 def judge(per_seed: Sequence[SeedComparison], goal: str = "max") -> Comparison:

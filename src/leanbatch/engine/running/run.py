@@ -182,11 +182,9 @@ class Run:
         from leanbatch.engine.running.frameworks import framework_selector, lightning_callback
 
         self._bind(dataset, num_epochs)
-        data = self._arm_data(dataset, num_epochs)
+        self.data = self._arm_data(dataset, num_epochs)
         selector = framework_selector(self.arm, self._selector_for(loss_fn=loss_fn, proxy=proxy))
-        callback = lightning_callback(self, data, selector, **kwargs)
-        self.data = data
-        return callback
+        return lightning_callback(self, self.data, selector, **kwargs)
 
     def trainer(self, *, args: Any, train_dataset: Any, trainer_class: Any = None, **kwargs: Any) -> Any:
         """The arm as a Hugging Face ``Trainer`` (``LeanBatchTrainer`` for a pruning or selecting arm;
