@@ -31,13 +31,6 @@ def _mean_of(curves: list[list[float | None]]) -> list[float]:
     return [sum(float("nan") if c[i] is None else c[i] for c in curves) / len(curves) for i in range(n)]  # type: ignore[misc]
 
 
-def _cost_curves(payload: dict[str, Any]) -> dict[int, list[float | None]]:
-    """Each run's cost at each ``run.log`` on the study's clock, by the run's place in ``runs``."""
-    records = [RunRecord.from_dict(r) for r in payload["runs"]]
-    clock, scale = payload["config"].get("clock", "work"), work_scale(records)
-    return {id(r): rec.curve(clock, scale) for r, rec in zip(payload["runs"], records, strict=True)}
-
-
 def _is_budget(runs: list[dict[str, Any]]) -> bool:
     first = runs[0]
     return first["kind"] == "baseline" and (first["budget"] != 1.0 or first["batch"] != 1.0)
@@ -95,7 +88,9 @@ def _metric_plot(
     plt: Any, payload: dict[str, Any], groups: dict[str, Any], label: str, title: str, path: Path
 ) -> Path:
     fig, ax = plt.subplots(figsize=(9, 4.5))
-    costs, curves = _cost_curves(payload), []
+    records = [RunRecord.from_dict(r) for r in payload["runs"]]
+    clock, scale, curves = payload["config"].get("clock", "work"), work_scale(records), []
+    costs = {id(r): rec.curve(clock, scale) for r, rec in zip(payload["runs"], records, strict=True)}
     for k, (name, runs) in enumerate(groups.items()):
         style = {"ls": "--", "lw": 0.9, "ms": 2} if _is_budget(runs) else {"ms": 3}
         xs = _mean_of([costs[id(r)] for r in runs])
@@ -108,9 +103,7 @@ def _metric_plot(
         ax.axhspan(base["target"], base["metric_mean"], color="grey", alpha=0.12, lw=0)
         marks = [base["target"], base["metric_mean"]]
     _zoom(ax, curves, marks)
-    _label(
-        ax, clock_axis(payload["config"].get("clock", "work"))[1], label, f"{label} vs cost: {title}", True
-    )
+    _label(ax, clock_axis(clock)[1], label, f"{label} vs cost: {title}", True)
     return _save(fig, path)
 
 
