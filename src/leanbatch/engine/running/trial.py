@@ -81,8 +81,9 @@ def _logged(run: Run, metric: str) -> dict[str, Any]:
     the counts and the training time so far."""
     last = run.epochs[-1]
     values: dict[str, Any] = {"epoch": last.epoch, "train_time_s": last.train_time_s, **last.values}
-    values.update(steps=sum(e.steps for e in run.epochs), forwarded=sum(e.forwarded for e in run.epochs),
-                  backpropagated=sum(e.backpropagated for e in run.epochs))  # fmt: skip
+    values.update(
+        {k: sum(getattr(e, k) for e in run.epochs) for k in ("steps", "forwarded", "backpropagated")}
+    )
     if last.metric is not None:
         values[metric] = last.metric
     return values
