@@ -124,12 +124,11 @@ _PART_KEYS = ("seeds", "methods", "budgets", "batch_budgets", "controls", "clock
 
 def _check_parts(payloads: Sequence[dict[str, Any]], sources: Sequence[str]) -> dict[str, dict[str, Any]]:
     """Refuse parts that are not of one study (``ValueError`` naming the files); their arms, by label."""
-    for p, s in zip(payloads, sources, strict=True):
-        check_payload(p, s)
     first, name = payloads[0], sources[0]
     seen: dict[tuple[str, int], str] = {}
     methods: dict[str, dict[str, Any]] = {}
     for payload, source in zip(payloads, sources, strict=True):
+        check_payload(payload, source)  # the first first: the others are held to it
         if (mine := payload["config"].get("task_id")) != (theirs := first["config"].get("task_id")):
             raise ValueError(
                 f"{source} and {name} trained different tasks ({_task(mine)}; {_task(theirs)}): only parts of "
