@@ -100,12 +100,8 @@ def summarize(
         >>> [(r["method"], r["metric_delta_vs_baseline"], r["time_ratio_vs_baseline"], r["actual_speedup"]) for r in summarize(runs, 0.2, "max")]
         [('baseline', 0.0, 1.0, 1.0), ('sb', 1.0, 0.5, 2.0)]
     """
-    labels = [
-        lab
-        for lab in dict.fromkeys([*order, *(r.method for r in runs)])
-        if any(r.method == lab for r in runs)
-    ]
-    groups = {lab: [r for r in runs if r.method == lab] for lab in labels}
+    labels = dict.fromkeys([*order, *(r.method for r in runs)])
+    groups = {lab: rs for lab in labels if (rs := [r for r in runs if r.method == lab])}
     base, scale = groups.get("baseline", []), work_scale(runs)
     base_time = mean_of([r.train_time_s for r in base]) if base else None
     base_cpu = mean_of([r.train_cpu_time_s for r in base]) if base else None
