@@ -1,9 +1,7 @@
-"""What a run counts, epoch by epoch (:class:`Tally`), and a pruning arm's loss histograms.
-
-The counts come from the arm's data wrapper and selection hook, never from the task: samples
-served (``loaded``), rows forwarded and backpropagated in training steps, rows a selection pass
-scored (``select_forwarded``), optimizer steps, and what was served but never trained (``dropped``).
-A pruning arm also keeps, for a few of its epochs, the per-sample scores the epoch was planned from.
+"""What a run counts, epoch by epoch (:class:`Tally`: an
+:class:`~leanbatch.engine.judging.records.EpochRecord`'s counts, from the arm's data wrapper and
+selection hook, never from the task), and a pruning arm's loss histograms: for a few of its epochs,
+the per-sample scores the epoch was planned from.
 
 Example:
     >>> import torch
