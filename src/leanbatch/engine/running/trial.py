@@ -95,10 +95,7 @@ def trial(config: dict[str, Any], spec: Spec) -> None:
     from ray import tune
 
     label, seed = config["run"]["method"], int(config["run"]["seed"])
-    if spec.workers == 1:
-        outcome = run_one(spec, label, seed, tune.report)
-    else:
-        outcome = _distributed(spec, label, seed, tune.report)
+    outcome = (run_one if spec.workers == 1 else _distributed)(spec, label, seed, tune.report)
     tune.report({OUTCOME: json.dumps(outcome)})
 
 
