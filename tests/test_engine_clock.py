@@ -119,9 +119,8 @@ def test_the_realisation_has_its_spread_and_says_when_noise_hides_a_saving() -> 
     assert quiet["timing"] == {"baseline_spread": None, "within_noise": []}  # one baseline run: no spread
 
 
-def test_a_schema_3_study_is_judged_again_on_the_work_clock() -> None:
-    """A results.json written before the work clock (schema 3, judged by wall time) reads, and its runs'
-    counts give it the work clock's verdicts."""
+def test_a_wall_clock_study_is_judged_again_on_the_work_clock() -> None:
+    """A results.json judged by wall time is judged again on the work clock from its runs' counts."""
     from leanbatch.engine.judging.parts import rebuild
 
     runs = [_run("baseline", s, 10.0, 100, 90.0 + s) for s in (0, 1)]
@@ -134,9 +133,9 @@ def test_a_schema_3_study_is_judged_again_on_the_work_clock() -> None:
         "goal": "max",
         "seeds": [0, 1],
     }
-    old = {**build_results(runs, {**cfg, "clock": "wall"}, {}), "schema": "leanbatch.bench/3"}
+    old = build_results(runs, {**cfg, "clock": "wall"}, {})
     assert old["envelope"]["rows"][0]["per_seed"][0]["range"] == "inside"  # 9 s: between 4 and 10
     new = rebuild(old, clock="work")
     per_seed = new["envelope"]["rows"][0]["per_seed"]
-    assert new["schema"] == "leanbatch.bench/4" and [p["cost"] for p in per_seed] == pytest.approx([0.6, 0.6])
+    assert new["config"]["clock"] == "work" and [p["cost"] for p in per_seed] == pytest.approx([0.6, 0.6])
     assert [p["reference"] for p in per_seed] == pytest.approx([86.0, 87.0])  # 85 + (90 - 85) x 0.2, per seed

@@ -29,7 +29,7 @@ def test_the_interval_is_students_t_at_95_percent() -> None:
     # the printed tables' 97.5% quantiles (df 1, 2, 4, 30) and the normal's in the limit
     assert [round(t_quantile(df), 3) for df in (1, 2, 4, 30, 10**6)] == [12.706, 4.303, 2.776, 2.042, 1.96]
     r = interval([0.5, 0.7, 0.6])  # mean 0.6, std 0.1, n 3: half-width 4.303 x 0.1 / sqrt(3)
-    assert (r.low, r.high) == pytest.approx((0.6 - 0.24841, 0.6 + 0.24841), abs=1e-5)
+    assert (r.ci_low, r.ci_high) == pytest.approx((0.6 - 0.24841, 0.6 + 0.24841), abs=1e-5)
     with pytest.raises(ValueError, match="degrees of freedom"):
         t_quantile(0)
 
@@ -46,16 +46,18 @@ def test_the_interval_is_students_t_at_95_percent() -> None:
 def test_the_verdict_follows_the_goal(diffs: tuple[float, ...], max_verdict: str, min_verdict: str) -> None:
     up, down = interval(diffs, "max"), interval(diffs, "min")
     assert (up.verdict, down.verdict) == (max_verdict, min_verdict)
-    assert up.mean == down.mean == pytest.approx(sum(diffs) / 3)  # the diffs stay metric - reference
+    # the diffs stay metric - reference
+    assert up.diff_mean == down.diff_mean == pytest.approx(sum(diffs) / 3)
     if len(set(diffs)) > 1:
-        half = 4.302653 * up.std / math.sqrt(3)  # type: ignore[operator]
-        assert (up.low, up.high) == pytest.approx((up.mean - half, up.mean + half))
+        half = 4.302653 * up.diff_std / math.sqrt(3)  # type: ignore[operator]
+        assert (up.ci_low, up.ci_high) == pytest.approx((up.diff_mean - half, up.diff_mean + half))
 
 
 def test_a_difference_inside_the_seed_spread_is_a_tie_even_when_significant() -> None:
     diffs = [0.35 + d for d in (-0.6, 0.6, -0.4, 0.4, -0.2, 0.2, -0.5, 0.5, 0.0, 0.0)]
     r = interval(diffs)
-    assert r.low is not None and r.low > 0 and r.std is not None and r.mean < r.std and r.verdict == "on"
+    assert r.ci_low is not None and r.ci_low > 0 and r.verdict == "on"
+    assert r.diff_std is not None and r.diff_mean < r.diff_std
     assert interval([2.0]).verdict == "undecided" and interval([]).verdict == "no pairs"
 
 

@@ -1,5 +1,5 @@
 """The project's stored studies (``benchmarks/results/*/results.json``, the figures docs/results.md and
-the README quote): each is schema 3, and the real ``leanbatch report`` command rebuilds it, keeping
+the README quote): each is schema 4, and the real ``leanbatch report`` command rebuilds it, keeping
 every run and recomputing the same summary, envelope and controls the file holds."""
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ final metric (method minus twin, each at its own cost), its 95% t interval and t
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import asdict
 from typing import Any
 
 from leanbatch.engine.judging.records import RunRecord, work_scale
@@ -55,11 +56,7 @@ def controls(
                 "control_metric_mean": mean_of([b.metric for _, b in pairs]),
                 "cost_mean": spread_of([cost[id(a)] for a, _ in pairs])[0],
                 "control_cost_mean": spread_of([cost[id(b)] for _, b in pairs])[0],
-                "diff_mean": stats.mean,
-                "diff_std": stats.std,
-                "ci_low": stats.low,
-                "ci_high": stats.high,
-                "verdict": stats.verdict,
+                **asdict(stats),
                 "per_seed": [
                     {
                         "seed": a.seed,

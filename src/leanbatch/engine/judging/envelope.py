@@ -22,13 +22,13 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import asdict
 from typing import Any
 
 from leanbatch.engine.judging.records import RunRecord, work_scale
 from leanbatch.engine.judging.verdicts import (
     CONFIDENCE,
     SeedComparison,
-    better,
     interpolate,
     judge,
     mean_of,
@@ -73,9 +73,7 @@ def envelope_at(
         return None, None, "none"
     values = {f: v for f, pts in drawn.items() if (v := interpolate(pts, t)) is not None}
     if values:
-        best = next(iter(values))
-        for f in values:
-            best = f if better(values[f], values[best], goal) else best
+        best = (max if goal == "max" else min)(values, key=values.__getitem__)
         return values[best], best, "inside"
     if t < min(p[0] for pts in drawn.values() for p in pts):
         return None, None, "faster"
@@ -140,7 +138,7 @@ def envelope(
                 for r in sorted(rs, key=lambda r: r.seed)
                 if r.seed in curves
             ]
-            rows.append({"method": lab, "kind": first.kind, **judge(per_seed, goal).as_dict()})
+            rows.append({"method": lab, "kind": first.kind, **asdict(judge(per_seed, goal))})
     for points in families.values():
         points.sort(key=lambda p: p["share"])
     return {

@@ -108,16 +108,12 @@ def atomic_open(path: Path) -> Iterator[BinaryIO]:
 
 def _sync_folder(folder: Path) -> None:
     """fsync the folder so the rename itself survives a crash (where the platform allows it)."""
-    try:
+    with contextlib.suppress(OSError):
         fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def atomic_write_text(path: Path, text: str) -> None:

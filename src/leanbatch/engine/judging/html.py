@@ -25,12 +25,12 @@ from typing import Any
 from leanbatch.engine.judging.files import atomic_write_text
 from leanbatch.engine.judging.records import RunRecord, clock_axis, work_scale
 from leanbatch.engine.judging.tables import (
+    answers,
     format_answer,
     format_controls,
     format_envelope,
     format_realisation,
     format_summary,
-    overall,
     tolerance_text,
 )
 
@@ -171,22 +171,17 @@ def _table(head: list[str], body: list[list[Any]]) -> str:
 
 def _verdicts(payload: dict[str, Any]) -> str:
     """Each method's verdict in a box of its own, coloured by what it says."""
-    env = {r["method"]: r["verdict"] for r in payload["envelope"]["rows"]}
-    twins = {r["method"]: r for r in payload["controls"]["rows"]}
     boxes = []
-    for row in payload["summary"]:
-        if row["kind"] == "baseline" or "~" in row["method"]:
-            continue
-        twin = twins.get(row["method"])
-        says = overall(env.get(row["method"]), None if twin is None else twin["verdict"])
+    for row, env, twin, says in answers(payload):
         tone = "pays" if says.startswith(("pays", "better")) else "worse" if "worse" in says else (
             "tie" if "tie" in says else "open")  # fmt: skip
         twin_text = (
             "no twin ran" if twin is None else f"against its twin {twin['control']}: {twin['verdict']}"
         )
+        env_text = "none" if env is None else str(env["verdict"])
         boxes.append(
             f'<div class="verdict {tone}"><strong>{html.escape(row["method"])}</strong>: {html.escape(says)}'
-            f"<p>envelope: {html.escape(str(env.get(row['method'], 'none')))}; {html.escape(twin_text)}</p></div>"
+            f"<p>envelope: {html.escape(env_text)}; {html.escape(twin_text)}</p></div>"
         )
     return "\n".join(boxes) or "<p>No method but the baseline ran.</p>"
 

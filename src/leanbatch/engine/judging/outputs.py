@@ -1,16 +1,8 @@
-"""What the ``leanbatch`` command writes, where, and what it may write over.
-
-- ``leanbatch bench --out DIR`` writes ``DIR/results.json`` and the plots. A ``results.json`` that
-  was there before the command started is only ever replaced by a *complete* result: while the
-  runs are unfinished (the save after every seed, a Ctrl-C) the results go to
-  ``results.partial.json`` instead (:func:`unfinished_path`). A ``results.json`` that is not a
-  leanbatch result at all is never written over (:func:`check_bench_out`).
-- ``leanbatch report FILE`` never writes over its input or another command's output: it writes
-  into ``--out`` or, by default, into ``<stem>.report/`` beside the input file
-  (:func:`report_folder`), and replaces only what an earlier ``leanbatch report`` wrote there,
-  recognised by the ``recomputed_from`` key of its results.json (:func:`check_report_folder`).
-
-Every file is written atomically (:mod:`leanbatch.engine.judging.files`).
+"""What the ``leanbatch`` command writes, where, and what it may write over: ``leanbatch bench --out
+DIR`` replaces a ``results.json`` there only with a complete result (:func:`unfinished_path`), never
+one that is not a leanbatch result (:func:`check_bench_out`); ``leanbatch report FILE`` writes beside
+its input (:func:`report_folder`) and replaces only an earlier report's output
+(:func:`check_report_folder`). Every file is written atomically (:mod:`leanbatch.engine.judging.files`).
 
 Example:
     >>> import tempfile

@@ -1,20 +1,8 @@
-"""PNG plots of a study, drawn from the results.json payload (matplotlib, no display needed).
-
-- ``metric_vs_time.png``: the metric of every ``run.log`` against its cost on the study's clock
-  (work by default, or training time), one line per arm
-  (mean over seeds at each epoch; the baseline's budgets thin and dashed), with the baseline's
-  final value and the tolerance band; the y axis shows the second half of every curve, where
-  the arms differ;
-- ``kept_per_epoch.png``: the share of the training set loaded and backpropagated per epoch
-  (arms with a wrapper; the budgets, which keep everything, left out), each arm with its own
-  marker and a small sideways offset, so no series hides under another;
-- ``loss_histograms.png``: the per-sample scores a pruning method's own arm (not a twin) planned
-  a few epochs from, with the threshold;
-- ``equal_time.png``: final metric against cost on the study's clock: the baseline's two families (fewer
-  steps, smaller batches), their envelope, every other arm as a point with error bars over seeds,
-  labelled with its paired difference to the envelope and its verdict.
-
-Axes name the metric and its goal.
+"""PNG plots of a study, drawn from the results.json payload (matplotlib, no display needed):
+``metric_vs_time.png`` (the metric against the cost so far on the study's clock), ``kept_per_epoch.png``
+(the data loaded and backpropagated), ``loss_histograms.png`` (the scores a pruning arm planned from)
+and ``equal_time.png`` (every arm against the envelope), each as report.html's caption of it
+describes (:mod:`~leanbatch.engine.judging.html`). Axes name the metric and its goal.
 """
 
 from __future__ import annotations
@@ -43,20 +31,6 @@ def _mean_of(curves: list[list[float | None]]) -> list[float]:
     return [sum(float("nan") if c[i] is None else c[i] for c in curves) / len(curves) for i in range(n)]  # type: ignore[misc]
 
 
-def _cost_curves(payload: dict[str, Any]) -> dict[int, list[float | None]]:
-    """Each run's cost at each ``run.log`` on the study's clock, by the run's place in ``runs``."""
-    records = [RunRecord.from_dict(r) for r in payload["runs"]]
-    clock, scale = payload["config"].get("clock", "work"), work_scale(records)
-    return {id(r): rec.curve(clock, scale) for r, rec in zip(payload["runs"], records, strict=True)}
-
-
-def _groups(payload: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
-    groups: dict[str, list[dict[str, Any]]] = {}
-    for r in payload["runs"]:
-        groups.setdefault(r["method"], []).append(r)
-    return groups
-
-
 def _is_budget(runs: list[dict[str, Any]]) -> bool:
     first = runs[0]
     return first["kind"] == "baseline" and (first["budget"] != 1.0 or first["batch"] != 1.0)
@@ -69,7 +43,10 @@ def write_plots(payload: dict[str, Any], out_dir: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    groups = {k: v for k, v in _groups(payload).items() if all(r["epochs"] for r in v)}
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in payload["runs"]:
+        groups.setdefault(r["method"], []).append(r)
+    groups = {k: v for k, v in groups.items() if all(r["epochs"] for r in v)}
     cfg = payload["config"]
     label = f"{cfg.get('metric', 'metric')} ({'higher' if cfg.get('goal', 'max') == 'max' else 'lower'} is better)"
     title = str(payload["data"].get("name", cfg.get("task", "")))
@@ -111,7 +88,9 @@ def _metric_plot(
     plt: Any, payload: dict[str, Any], groups: dict[str, Any], label: str, title: str, path: Path
 ) -> Path:
     fig, ax = plt.subplots(figsize=(9, 4.5))
-    costs, curves = _cost_curves(payload), []
+    records = [RunRecord.from_dict(r) for r in payload["runs"]]
+    clock, scale, curves = payload["config"].get("clock", "work"), work_scale(records), []
+    costs = {id(r): rec.curve(clock, scale) for r, rec in zip(payload["runs"], records, strict=True)}
     for k, (name, runs) in enumerate(groups.items()):
         style = {"ls": "--", "lw": 0.9, "ms": 2} if _is_budget(runs) else {"ms": 3}
         xs = _mean_of([costs[id(r)] for r in runs])
@@ -124,9 +103,7 @@ def _metric_plot(
         ax.axhspan(base["target"], base["metric_mean"], color="grey", alpha=0.12, lw=0)
         marks = [base["target"], base["metric_mean"]]
     _zoom(ax, curves, marks)
-    _label(
-        ax, clock_axis(payload["config"].get("clock", "work"))[1], label, f"{label} vs cost: {title}", True
-    )
+    _label(ax, clock_axis(clock)[1], label, f"{label} vs cost: {title}", True)
     return _save(fig, path)
 
 

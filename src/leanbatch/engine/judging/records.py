@@ -52,9 +52,7 @@ class EpochRecord:
     select_forwarded: int = 0  # rows scored by a selection pass (charged at the arm's scale**2)
     backpropagated: int = 0
     dropped: int = 0  # served but not trained (a batch below the wrapper's min_batch)
-    threshold: float | None = (
-        None  # a pruning arm's plan of this epoch: its threshold (InfoBatch's mean score)
-    )
+    threshold: float | None = None  # a pruning arm's threshold this epoch (InfoBatch's: the mean score)
     pruning: bool | None = None
     values: dict[str, float] = field(default_factory=dict)  # the task's other numbers of this epoch
 

@@ -1,13 +1,5 @@
-"""From finished runs to results.json: the summary, the realisation on this machine, the sections.
-
-results.json (schema ``leanbatch.bench/4``, every key in ``docs/results-json.md``) is one object:
-``schema``, ``command``, ``interrupted``, ``failed`` (arms whose task raised or broke the contract),
-``config`` (the task, the metric and its goal, the seeds, one entry per arm, the budgets, the
-clock the verdicts are on, the task's own settings), ``versions``, ``data`` (what the task trained
-on, as the task says), ``tolerance``, ``summary`` (one row per arm), ``timing`` (the wall-clock
-noise against the savings), ``envelope`` (every arm against the envelope, on the study's clock:
-:mod:`~leanbatch.engine.judging.envelope`), ``controls`` (against the uniform twins:
-:mod:`~leanbatch.engine.judging.controls`) and ``runs`` (every run, per epoch).
+"""From finished runs to results.json (schema ``leanbatch.bench/4``, every key in
+``docs/results-json.md``): the summary, the realisation on this machine, the sections.
 
 The verdicts, the envelope and ``to_target`` are on ``config.clock`` (``work`` by default: the same
 training gives the same figures on any machine); the wall clock is the realisation of the saving:
@@ -108,25 +100,15 @@ def summarize(
         >>> [(r["method"], r["metric_delta_vs_baseline"], r["time_ratio_vs_baseline"], r["actual_speedup"]) for r in summarize(runs, 0.2, "max")]
         [('baseline', 0.0, 1.0, 1.0), ('sb', 1.0, 0.5, 2.0)]
     """
-    labels = [
-        lab
-        for lab in dict.fromkeys([*order, *(r.method for r in runs)])
-        if any(r.method == lab for r in runs)
-    ]
-    groups = {lab: [r for r in runs if r.method == lab] for lab in labels}
+    labels = dict.fromkeys([*order, *(r.method for r in runs)])
+    groups = {lab: rs for lab in labels if (rs := [r for r in runs if r.method == lab])}
     base, scale = groups.get("baseline", []), work_scale(runs)
     base_time = mean_of([r.train_time_s for r in base]) if base else None
     base_cpu = mean_of([r.train_cpu_time_s for r in base]) if base else None
     base_cost = spread_of([r.cost(clock, scale) for r in base])[0]
     base_metric = mean_of([r.metric for r in base]) if base else None
     tol = None if base_metric is None else tolerance_of(tolerance, base_metric)
-    target = (
-        None
-        if base_metric is None or tol is None
-        else base_metric - tol
-        if goal == "max"
-        else base_metric + tol
-    )
+    target = None if base_metric is None or tol is None else base_metric + (-tol if goal == "max" else tol)
     rows = []
     for lab, rs in groups.items():
         metrics, times = [r.metric for r in rs], [r.train_time_s for r in rs]
@@ -203,7 +185,7 @@ def build_results(
     command: str | list[str] | None = None,
     failed: Sequence[dict[str, Any]] = (),
 ) -> dict[str, Any]:
-    """The whole results.json payload (the module docstring lists its keys), judged on ``config.clock``."""
+    """The whole results.json payload (``docs/results-json.md`` lists its keys), judged on ``config.clock``."""
     methods = config.get("methods", [])
     order = [m["label"] for m in methods]
     goal, clock = config.get("goal", "max"), config.get("clock", "work")

@@ -1,18 +1,6 @@
-"""The printed answer of a study: :func:`format_brief`, the terminal's last block, and the full tables.
-
-- :func:`format_brief`: per method its verdict and figures in a few short lines, wrapped to the
-  terminal's width;
-- :func:`format_answer`: per method, the saving on the study's clock, the metric against the full
-  baseline, against the envelope and against its uniform twin, and what that means (:func:`overall`);
-- :func:`format_realisation`: the wall clock on this machine (``actual x``: baseline time / arm
-  time, paired by seed; ``achieved``: actual / ideal; ``cpu x``: the same in CPU time), and a line
-  when the baseline's own timing spread is larger than a saving;
-- :func:`format_summary`: every arm's metric, cost and work (``fwd`` / ``bwd``: samples forwarded,
-  selection passes included / backpropagated, as a share of the full run's; ``ideal x``: 1 / the
-  FLOP-weighted work; ``t->target``: the cost until the metric first reached the baseline's final
-  mean less the tolerance, in the goal's direction);
-- :func:`format_envelope`: the envelope's points, then every arm against it, paired by seed;
-- :func:`format_controls`: each method against its uniform twin.
+"""The printed answer of a study: :func:`format_brief`, the terminal's last block, and the full tables
+(:func:`format_results`: the answer, this machine's wall clock, the summary, the envelope, the
+controls; their columns are report.html's glossary, :data:`~leanbatch.engine.judging.html.GLOSSARY`).
 
 Every table names the metric and its goal (``higher is better`` / ``lower is better``); all but the
 realisation are on the study's clock (``work`` by default: the same training prints them the same).
@@ -26,13 +14,14 @@ from __future__ import annotations
 
 import math
 import textwrap
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from typing import Any
 
 from leanbatch.engine.judging.records import clock_axis
 from leanbatch.engine.judging.verdicts import std_of
 
 __all__ = [
+    "answers",
     "format_answer",
     "format_brief",
     "format_controls",
@@ -95,10 +84,8 @@ def _goal(goal: str) -> str:
 
 def _spread(row: dict[str, Any]) -> str:
     """``+0.12 ± 0.3``: a comparison's mean difference and its spread (``-`` without one)."""
-    mean = row["diff_mean"]
-    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
-        return "-"
-    return f"{mean:+.3g}" + ("" if row["diff_std"] is None else f" ± {row['diff_std']:.2g}")
+    mean = _fmt(row["diff_mean"], "+.3g")
+    return mean if mean == "-" or row["diff_std"] is None else f"{mean} ± {row['diff_std']:.2g}"
 
 
 def _diff(row: dict[str, Any] | None) -> str:
@@ -151,25 +138,35 @@ def overall(envelope_verdict: str | None, twin_verdict: str | None) -> str:
     return f"not decided ({envelope_verdict or 'no envelope'})"
 
 
+def answers(payload: dict[str, Any]) -> Iterator[tuple[dict[str, Any], Any, Any, str]]:
+    """Each method of the summary but the yardsticks (the baselines, the added twins): its row, its
+    envelope row and its twin's (None without), and what they mean together (:func:`overall`).
+
+    Example:
+        >>> rows = {"summary": [{"method": "sb", "kind": "sb"}], "envelope": {"rows": []}}
+        >>> [(row["method"], verdict) for row, _, _, verdict in answers({**rows, "controls": {"rows": []}})]
+        [('sb', 'not decided (no envelope)')]
+    """
+    env = {r["method"]: r for r in payload["envelope"]["rows"]}
+    twins = {r["method"]: r for r in payload["controls"]["rows"]}
+    for row in payload["summary"]:
+        if row["kind"] != "baseline" and "~" not in row["method"]:
+            e, t = env.get(row["method"]), twins.get(row["method"])
+            yield row, e, t, overall(None if e is None else e["verdict"], None if t is None else t["verdict"])
+
+
 def format_answer(payload: dict[str, Any]) -> str:
     """One line per method that is not a baseline: the answer, ahead of the tables (judged on the
     study's clock: the same training prints the same answer on any machine)."""
     cfg = payload["config"]
     metric, goal, clock = cfg.get("metric", "metric"), cfg.get("goal", "max"), cfg.get("clock", "work")
-    env = {r["method"]: r for r in payload["envelope"]["rows"]}
-    twins = {r["method"]: r for r in payload["controls"]["rows"]}
     saved = "work saved" if clock == "work" else f"{clock_axis(clock)[0].removesuffix(' s')} saved"
     head = ["method", saved, f"{metric} vs baseline", "vs envelope", "vs its twin", "verdict"]
     lines = [head]
-    for row in payload["summary"]:
-        if row["kind"] == "baseline" or "~" in row["method"]:  # the baselines and the added twins: yardsticks
-            continue
-        e, t = env.get(row["method"]), twins.get(row["method"])
-        ratio = row["cost_ratio_vs_baseline"]
+    for row, e, t, verdict in answers(payload):
         lines.append([
-            row["method"], _saved(ratio), _fmt(row["metric_delta_vs_baseline"], "+.3g"), "-" if e is None else _diff(e),
-            _diff(t) if row.get("control") else "(no twin)",
-            overall(None if e is None else e["verdict"], None if t is None else t["verdict"]),
+            row["method"], _saved(row["cost_ratio_vs_baseline"]),
+            _fmt(row["metric_delta_vs_baseline"], "+.3g"), "-" if e is None else _diff(e), _diff(t), verdict,
         ])  # fmt: skip
     seeds = cfg.get("seeds", [])
     title = (
@@ -194,15 +191,11 @@ def format_brief(payload: dict[str, Any], width: int = 100, where: str = "") -> 
     """
     cfg = payload["config"]
     metric, clock = cfg.get("metric", "metric"), cfg.get("clock", "work")
-    env = {r["method"]: r for r in payload["envelope"]["rows"]}
-    twins = {r["method"]: r for r in payload["controls"]["rows"]}
     saved = "work" if clock == "work" else f"{clock} time"
     head = f"the answer ({metric}, {_goal(cfg.get('goal', 'max'))}; {len(cfg.get('seeds', []))} seed(s); {clock} clock):"
     lines = textwrap.wrap(head, width)
-    rows = [r for r in payload["summary"] if r["kind"] != "baseline" and "~" not in r["method"]]
-    for row in rows:
-        e, t = env.get(row["method"]), twins.get(row["method"])
-        verdict = overall(None if e is None else e["verdict"], None if t is None else t["verdict"])
+    rows = list(answers(payload))
+    for row, e, t, verdict in rows:
         figures = [
             f"{saved} saved {_saved(row['cost_ratio_vs_baseline'])}",
             f"{metric} vs the full baseline {_fmt(row['metric_delta_vs_baseline'], '+.3g')}",
@@ -228,7 +221,7 @@ def format_brief(payload: dict[str, Any], width: int = 100, where: str = "") -> 
 def format_summary(
     rows: Sequence[dict[str, Any]], metric: str, goal: str, tolerance: float | str, clock: str = "work"
 ) -> str:
-    """Every arm's metric, cost on ``clock`` and work (columns: the module docstring)."""
+    """Every arm's metric, cost on ``clock`` and work (``fwd``, ``bwd``, ``ideal x``, ``t->target``)."""
     head, _, spec = clock_axis(clock)
     unit = head.removesuffix(" s")
     lines = [["method", f"{metric} ({goal})", head, f"{unit} saved", "fwd", "bwd", "ideal x", "t->target"]]

@@ -23,11 +23,11 @@ The functions take plain numbers, so the rule can be checked on known values:
 
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import asdict, dataclass, field, replace
 
 __all__ = [
     "CONFIDENCE",
@@ -102,9 +102,7 @@ def interpolate(points: Sequence[tuple[float, float]], t: float) -> float | None
     if len(xs) < 2 or not xs[0] <= t <= xs[-1]:
         return None
     ys = [statistics.fmean(merged[x]) for x in xs]
-    k = 1
-    while xs[k] < t:  # the first segment that reaches t (t <= xs[-1], so k stays in range)
-        k += 1
+    k = max(1, bisect.bisect_left(xs, t))  # the first segment that reaches t
     x0, x1, y0, y1 = xs[k - 1], xs[k], ys[k - 1], ys[k]
     return y0 + (y1 - y0) * (t - x0) / (x1 - x0)
 
@@ -118,10 +116,10 @@ class Interval:
         'undecided'
     """
 
-    mean: float
-    std: float | None
-    low: float | None
-    high: float | None
+    diff_mean: float
+    diff_std: float | None
+    ci_low: float | None
+    ci_high: float | None
     verdict: str
 
 
@@ -130,8 +128,8 @@ def interval(diffs: Sequence[float], goal: str = "max") -> Interval:
     ``undecided`` with one difference, ``no pairs`` with none.
 
     Example:
-        >>> r = interval([-0.5, -0.7, -0.6], goal="min")
-        >>> round(r.mean, 2), round(r.std, 2), r.verdict, interval([0.5]).verdict, interval([]).verdict
+        >>> r, one, none = interval([-0.5, -0.7, -0.6], goal="min"), interval([0.5]), interval([])
+        >>> round(r.diff_mean, 2), round(r.diff_std, 2), r.verdict, one.verdict, none.verdict
         (-0.6, 0.1, 'better', 'undecided', 'no pairs')
     """
     if not diffs:
@@ -141,12 +139,8 @@ def interval(diffs: Sequence[float], goal: str = "max") -> Interval:
         return Interval(mean, None, None, None, "undecided")
     std = statistics.stdev(diffs)
     half = t_quantile(len(diffs) - 1) * std / math.sqrt(len(diffs))
-    low, high = mean - half, mean + half
-    if goal == "min":  # a gain is a decrease
-        low, high, up = -high, -low, -mean
-    else:
-        up = mean
-    verdict = "better" if low > 0 and up > std else "worse" if high < 0 and -up > std else "on"
+    up = -mean if goal == "min" else mean  # the mean gain (for a min metric, a decrease)
+    verdict = "better" if up - half > 0 and up > std else "worse" if up + half < 0 and -up > std else "on"
     return Interval(mean, std, mean - half, mean + half, verdict)
 
 
@@ -189,10 +183,6 @@ class Comparison:
     slower: int = 0
     per_seed: list[SeedComparison] = field(default_factory=list)
 
-    def as_dict(self) -> dict[str, Any]:
-        """Plain values for results.json."""
-        return asdict(self)
-
 
 def judge(per_seed: Sequence[SeedComparison], goal: str = "max") -> Comparison:
     """An arm's :class:`Comparison` from its seeds paired with the reference, by the one rule.
@@ -218,10 +208,8 @@ def judge(per_seed: Sequence[SeedComparison], goal: str = "max") -> Comparison:
         result.verdict = "out of range"
         return result
     stats = interval([p.diff for p in per_seed if p.diff is not None], goal)
-    result.reference_mean = mean_of([p.reference for p in per_seed if p.reference is not None])
-    result.diff_mean, result.diff_std, result.verdict = stats.mean, stats.std, stats.verdict
-    result.ci_low, result.ci_high = stats.low, stats.high
-    return result
+    reference = mean_of([p.reference for p in per_seed if p.reference is not None])
+    return replace(result, reference_mean=reference, **asdict(stats))
 
 
 def mean_of(xs: Sequence[float]) -> float:

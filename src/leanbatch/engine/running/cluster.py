@@ -30,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 from leanbatch.engine.judging.records import RunRecord
-from leanbatch.engine.running.run import Run
 from leanbatch.engine.running.study import Outcome, Study
 from leanbatch.engine.running.trial import OUTCOME, Spec, trial
 
@@ -54,20 +53,17 @@ def parse_resources(text: str) -> dict[str, float]:
         ...     print(e)
         --run-resources takes name=amount pairs (cpu=4,gpu=1), got 'cpu=four'
     """
-    bundle: dict[str, float] = {}
+    pairs: list[tuple[str, float]] = []
     for part in (p.strip() for p in text.split(",") if p.strip()):
-        name, _, amount = part.partition("=")
+        name, _, amount = (x.strip() for x in part.partition("="))
         try:
             value = float(amount)
         except ValueError:
             value = -1.0
-        if not name.strip() or not value >= 0 or value == float("inf"):
-            raise ClusterError(f"--run-resources takes name=amount pairs (cpu=4,gpu=1), got {text!r}")
-        key = name.strip()
-        bundle[key.upper() if key.lower() in ("cpu", "gpu") else key] = value
-    if not bundle:
+        pairs.append((name.upper() if name.lower() in ("cpu", "gpu") else name, value))
+    if not pairs or not all(name and 0 <= value < float("inf") for name, value in pairs):
         raise ClusterError(f"--run-resources takes name=amount pairs (cpu=4,gpu=1), got {text!r}")
-    return bundle
+    return dict(pairs)
 
 
 @dataclass
@@ -202,12 +198,11 @@ def run_on_ray(
     cluster: Cluster,
     on_run: Callable[[RunRecord], None] = lambda r: None,
     on_seed: Callable[[Outcome], None] = lambda o: None,
-    on_log: Callable[[Run], None] | None = None,
     kept: Sequence[RunRecord] = (),
 ) -> Outcome:
     """:func:`~leanbatch.engine.running.study.run_study` on a Ray cluster: every run not ``kept`` a Tune
-    trial, ``on_run`` and ``on_seed`` as each ends (``on_log`` is Tune's: its progress table and loggers
-    show every ``run.log``). A default method left out is taken off ``study.arms``."""
+    trial, ``on_run`` and ``on_seed`` as each ends (every ``run.log`` goes to Tune: its progress table and
+    loggers show it). A default method left out is taken off ``study.arms``."""
     cluster.check()
     ray, tune = _ray()
     out = Outcome(runs=list(kept))
@@ -238,8 +233,7 @@ def _fit(tune: Any, study: Study, cluster: Cluster, out: Outcome, todo: list[dic
          on_run: Callable[[RunRecord], None], on_seed: Callable[[Outcome], None]) -> None:  # fmt: skip
     """One Tune experiment: a trial per run in ``todo``, its outcomes into ``out``."""
     _by_value(study.task)
-    spec = Spec(study.task, {a.label: a for a in study.arms}, study.metric, study.metric_option,
-                study.optional, cluster.workers, dict(cluster.resources), cluster.threads)  # fmt: skip
+    spec = Spec(study, cluster.workers, dict(cluster.resources), cluster.threads)
     keep, breach = _hooks(tune, _Books(out, on_run, on_seed, cluster.retries))
     storage = None if cluster.storage is None else str(Path(cluster.storage).resolve())
     tuner = tune.Tuner(

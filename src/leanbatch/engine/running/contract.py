@@ -1,12 +1,6 @@
-"""The contract's checks: a task that can be called, arms its hooks allow, and arms that trained their budget.
-
-- :func:`load_task` reads ``path/to/file.py:train`` or ``package.module:train`` and checks that the
-  name is a function of one argument, the run.
-- :func:`task_identity`: what tells one task from another (its module, function and file's hash).
-- :func:`check_trained` holds a finished arm to what the arm's data counted: a budget arm trained
-  its steps on its batches, every arm trained what its data served.
-
-Each refusal is a :class:`~leanbatch.engine.running.data.ContractError` (or :class:`TaskError`) of one line.
+"""The contract's checks: a task that can be called (:func:`load_task`, :func:`task_identity`) and arms
+that trained their budget (:func:`check_trained`), each refusal a
+:class:`~leanbatch.engine.running.data.ContractError` (or :class:`TaskError`) of one line.
 
 Example:
     >>> try:
@@ -43,7 +37,8 @@ class TaskError(ValueError):
 
 
 def load_task(spec: str) -> Callable[[Any], Any]:
-    """The task function ``spec`` names: ``FILE.py:NAME`` or ``MODULE:NAME`` (``NAME`` defaults to ``train``)."""
+    """The task function ``spec`` names: ``FILE.py:NAME`` or ``MODULE:NAME`` (``NAME`` defaults to ``train``),
+    checked to be a function of one argument, the run."""
     where, _, name = spec.rpartition(":") if ":" in spec else (spec, "", "train")
     name = name or "train"
     try:

@@ -40,6 +40,7 @@ from torch import Tensor
 
 from leanbatch import InfoBatch
 from leanbatch.checks import check_per_sample_loss
+from leanbatch.ranks import world_size
 
 __all__ = [
     "Budget",
@@ -48,7 +49,6 @@ __all__ = [
     "CountedInfoBatch",
     "HookMissing",
     "StudyError",
-    "world_size",
 ]
 
 
@@ -66,13 +66,6 @@ class StudyError(ContractError):
 class HookMissing(ContractError):
     """A batch-level arm the user did not ask for (a default method) trained a step without the
     selection hook (``run.select``): the arm is left out of the study."""
-
-
-def world_size() -> int:
-    """The processes of torch.distributed's default group (1 outside a distributed run)."""
-    import torch.distributed as dist
-
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def _round(x: float) -> int:
@@ -151,13 +144,8 @@ class Counts:
     def __init__(self) -> None:
         self.steps = self.rows = 0
 
-    def add(self, loss: Any, indices: Any) -> None:
-        n = int(len(loss) if indices is None else len(indices))
-        self.steps, self.rows = self.steps + 1, self.rows + n
-
-
-def _indices_of(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    return args[0] if args else kwargs.get("indices")
+    def add(self, rows: int) -> None:
+        self.steps, self.rows = self.steps + 1, self.rows + rows
 
 
 class CountedInfoBatch(InfoBatch):
@@ -208,28 +196,24 @@ class CountedInfoBatch(InfoBatch):
         that do not match the batch, ...) breaks the contract every arm shares, so it stops the study
         (:class:`StudyError`, the library's own message) instead of failing each arm in turn."""
         try:
-            return self._counted_update(loss, *args, **kwargs)
+            indices = args[0] if args else kwargs.get("indices")
+            if type(loss) is not Tensor or loss.dim() != 1:
+                check_per_sample_loss(loss)  # raises, naming the fix, before anything is counted
+            rows = int(len(loss) if indices is None else len(indices))
+            self._on_step(rows)
+            if self.budget is not None:
+                if rows > self.sampler.left() and self.counts.rows + rows > (n := sum(self.served.values())):
+                    raise StudyError(
+                        f"trained {self.counts.rows + rows} samples but its data served {n}: pass "
+                        "sampler=ds.sampler to the DataLoader (not shuffle=True)"
+                    )
+                self._steps[self.sampler.epoch] = self._steps.get(self.sampler.epoch, 0) + 1
+            out = super().update(loss, *args, **kwargs)
         except ContractError:
             raise
         except (TypeError, ValueError, RuntimeError) as e:
             raise StudyError(f"update(): {e}") from e
-
-    def _counted_update(self, loss: Tensor, *args: Any, **kwargs: Any) -> Tensor:
-        indices = _indices_of(args, kwargs)
-        if type(loss) is not Tensor or loss.dim() != 1:
-            check_per_sample_loss(loss)  # raises, naming the fix, before anything is counted
-        rows = int(len(loss) if indices is None else len(indices))
-        self._on_step(rows)
-        if self.budget is not None:
-            if rows > self.sampler.left() and self.counts.rows + rows > (n := sum(self.served.values())):
-                raise StudyError(
-                    f"trained {self.counts.rows + rows} samples but its data served {n}: pass "
-                    "sampler=ds.sampler to the DataLoader (not shuffle=True)"
-                )
-            epoch = self.sampler.epoch
-            self._steps[epoch] = self._steps.get(epoch, 0) + 1
-        out = super().update(loss, *args, **kwargs)
-        self.counts.add(loss, indices)
+        self.counts.add(rows)
         return out
 
     # ------------------------------------------------------------------ an arm that keeps every sample

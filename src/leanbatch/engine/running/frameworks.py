@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import math
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
@@ -81,12 +82,8 @@ def whole_epochs(args: Any) -> int:
 
 
 # ---------------------------------------------------------------------------- Lightning
-_CALLBACK: list[type] = []
-
-
+@functools.cache
 def _callback_class() -> type:
-    if _CALLBACK:
-        return _CALLBACK[0]
     from leanbatch.lightning import LeanBatchCallback
 
     class ArmCallback(LeanBatchCallback):  # type: ignore[misc, valid-type]
@@ -122,7 +119,6 @@ def _callback_class() -> type:
                 values = {k: v for k, v in _numbers(trainer.callback_metrics).items() if k != "epoch"}
                 self.run.log(epoch=trainer.current_epoch, **values)
 
-    _CALLBACK.append(ArmCallback)
     return ArmCallback
 
 
@@ -170,7 +166,7 @@ def _trainer_class(base: type) -> type:
             sel = self.selector  # rows the selection took out of this batch (before this step) count too
             skipped = 0 if sel is None else sel.stats.skipped - self._skipped
             self._skipped += skipped
-            self.run.data.counts.add(range(len(tensors[0]) + skipped), None)
+            self.run.data.counts.add(len(tensors[0]) + skipped)
             return super().training_step(model, inputs, *args, **kwargs)
 
         def evaluate(self, *args: Any, **kwargs: Any) -> Any:

@@ -46,10 +46,10 @@ from leanbatch.engine.running.data import (
     CountedInfoBatch,
     HookMissing,
     StudyError,
-    world_size,
 )
 from leanbatch.engine.running.selecting import Pick, select
 from leanbatch.engine.running.tally import Tally
+from leanbatch.ranks import world_size
 from leanbatch.selection import Selector
 from leanbatch.selection.tokens import TokenSelection
 
@@ -167,17 +167,9 @@ class Run:
         """
         self._bind(dataset, num_epochs)
         self._min_batch = int(min_batch)
-        if self.arm.prunes:
-            self._policy = policy = self.arm.policy(num_epochs, self.seed)
-            self.data = CountedInfoBatch(
-                dataset, num_epochs, seed=self.seed, policy=policy, on_step=self._step
-            )
-        else:
-            budget = Budget(self.arm.budget, self.arm.batch, self._min_batch)
-            self.data = CountedInfoBatch(
-                dataset, num_epochs, seed=self.seed, budget=budget, batch_size=lambda: self._batch,
-                on_step=self._step,
-            )  # fmt: skip
+        budget = Budget(self.arm.budget, self.arm.batch, self._min_batch)
+        options = {} if self.arm.prunes else {"budget": budget, "batch_size": lambda: self._batch}
+        self.data = self._arm_data(dataset, num_epochs, **options)
         self.clock.start()
         return self.data
 
@@ -190,11 +182,9 @@ class Run:
         from leanbatch.engine.running.frameworks import framework_selector, lightning_callback
 
         self._bind(dataset, num_epochs)
-        data = self._framework_data(dataset, num_epochs)
+        self.data = self._arm_data(dataset, num_epochs)
         selector = framework_selector(self.arm, self._selector_for(loss_fn=loss_fn, proxy=proxy))
-        callback = lightning_callback(self, data, selector, **kwargs)
-        self.data = data
-        return callback
+        return lightning_callback(self, self.data, selector, **kwargs)
 
     def trainer(self, *, args: Any, train_dataset: Any, trainer_class: Any = None, **kwargs: Any) -> Any:
         """The arm as a Hugging Face ``Trainer`` (``LeanBatchTrainer`` for a pruning or selecting arm;
@@ -205,7 +195,7 @@ class Run:
 
         epochs = whole_epochs(args)
         self._bind(train_dataset, epochs)
-        data = self._framework_data(train_dataset, epochs, shard=False) if self.arm.prunes else None
+        data = self._arm_data(train_dataset, epochs, shard=False) if self.arm.prunes else None
         selector = framework_selector(self.arm, self._selector_for(proxy=kwargs.pop("proxy", None)))
         if not (self.arm.prunes or self.arm.selects) and self._batch is None:
             self._batch = int(args.per_device_train_batch_size)
@@ -222,16 +212,14 @@ class Run:
             raise ContractError("run.wrap takes a map-style dataset with at least one sample (len() and [i])")
         self._sizes = (len(dataset), num_epochs)
 
-    def _framework_data(self, dataset: Any, num_epochs: int, **options: Any) -> CountedInfoBatch:
-        """A framework arm's InfoBatch: the arm's policy, or every sample kept with weight 1."""
+    def _arm_data(self, dataset: Any, num_epochs: int, **options: Any) -> CountedInfoBatch:
+        """The arm's InfoBatch: the arm's policy, or every sample kept with weight 1 (``options``: a
+        ``budget``'s, else a framework's)."""
         if self.arm.prunes:
-            policy = self._policy = self.arm.policy(num_epochs, self.seed)
-            return CountedInfoBatch(
-                dataset, num_epochs, seed=self.seed, policy=policy, on_step=self._step, **options
-            )
-        return CountedInfoBatch(
-            dataset, num_epochs, 0.0, seed=self.seed, policy="random", on_step=self._step, **options
-        )
+            options["policy"] = self._policy = self.arm.policy(num_epochs, self.seed)
+        elif "budget" not in options:
+            options.update(prune_ratio=0.0, policy="random")
+        return CountedInfoBatch(dataset, num_epochs, seed=self.seed, on_step=self._step, **options)
 
     def _step(self, rows: int) -> None:
         """Every training step of the arm's data, before it trains: the checks only a step can make."""
@@ -279,14 +267,10 @@ class Run:
         pruning arm's epochs are shorter: read ``ds.progress``). Needs ``run.wrap`` and ``run.batch_size``."""
         if not self.arm.limited:
             return None
-        if (
-            self._batch is not None
-            and isinstance(self.data, CountedInfoBatch)
-            and self.data.budget is not None
-        ):
-            return self.data.total_steps  # the loader's own steps, once its first epoch showed them
         if self._sizes is None or self._batch is None:
             raise ContractError("run.total_steps needs run.wrap(...) and run.batch_size(...) first")
+        if isinstance(self.data, CountedInfoBatch) and self.data.budget is not None:
+            return self.data.total_steps  # the loader's own steps, once its first epoch showed them
         samples = math.ceil(self._sizes[0] / world_size())
         return Budget(self.arm.budget, self.arm.batch, self._min_batch).total_steps(
             samples, self._sizes[1], self._batch

@@ -88,14 +88,9 @@ def smallest_trained(selector: Selector, n: int) -> int:
 
 def _rows(batch: Any) -> int:
     """The rows of a batch: a tensor's first dimension, that of a tuple's or a dict's first entry."""
-    first = (
-        batch[0]
-        if isinstance(batch, (tuple, list))
-        else next(iter(batch.values()))
-        if isinstance(batch, Mapping)
-        else batch
-    )
-    return len(first)
+    if isinstance(batch, Mapping):
+        return len(next(iter(batch.values())))
+    return len(batch[0] if isinstance(batch, (tuple, list)) else batch)
 
 
 def select(

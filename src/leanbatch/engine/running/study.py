@@ -67,6 +67,10 @@ class Study:
         if not self.seeds or len(set(self.seeds)) != len(self.seeds):
             raise TaskError(f"seeds must be distinct integers, at least one: got {self.seeds}")
 
+    def new_run(self, arm: Arm, seed: int, on_log: Callable[[Run], None] | None = None) -> Run:
+        """A run of ``arm`` at ``seed``, the metric named as the study names it."""
+        return Run(arm, seed, self.metric, on_log, metric_option=self.metric_option, optional=self.optional)
+
     def identity(self) -> dict[str, Any]:
         """What every run of the study depends on besides its arm and seed: a run recorded under
         another identity is another study's (:class:`~leanbatch.engine.judging.journal.Journal`)."""
@@ -137,8 +141,7 @@ def run_study(
             # the strictest contracts first (batch budgets, step budgets): a breach shows in the first epoch
             order = sorted(study.arms, key=lambda a: (a.batch == 1.0, not a.limited))
             arms = order[k % len(order) :] + order[: k % len(order)]
-            runs = [Run(arm, seed, study.metric, on_log, metric_option=study.metric_option,
-                        optional=study.optional) for arm in arms if (arm.label, seed) not in done]  # fmt: skip
+            runs = [study.new_run(arm, seed, on_log) for arm in arms if (arm.label, seed) not in done]
             first = len(out.runs)
             take_turns(
                 study.task, runs, study.interleave == "run", lambda r, result: _record(out, r, on_run, result)

@@ -1,9 +1,7 @@
-"""What a run counts, epoch by epoch (:class:`Tally`), and a pruning arm's loss histograms.
-
-The counts come from the arm's data wrapper and selection hook, never from the task: samples
-served (``loaded``), rows forwarded and backpropagated in training steps, rows a selection pass
-scored (``select_forwarded``), optimizer steps, and what was served but never trained (``dropped``).
-A pruning arm also keeps, for a few of its epochs, the per-sample scores the epoch was planned from.
+"""What a run counts, epoch by epoch (:class:`Tally`: an
+:class:`~leanbatch.engine.judging.records.EpochRecord`'s counts, from the arm's data wrapper and
+selection hook, never from the task), and a pruning arm's loss histograms: for a few of its epochs,
+the per-sample scores the epoch was planned from.
 
 Example:
     >>> import torch
@@ -21,7 +19,8 @@ import torch
 from torch import Tensor
 
 from leanbatch import InfoBatch
-from leanbatch.engine.running.data import CountedInfoBatch, world_size
+from leanbatch.engine.running.data import CountedInfoBatch
+from leanbatch.ranks import world_size
 
 __all__ = ["Tally", "histogram", "served", "snapshot_epochs"]
 
@@ -44,7 +43,7 @@ def histogram(values: Tensor, threshold: float | None, epoch: int, bins: int = 6
     }
 
 
-def snapshot_epochs(policy: Any, epochs: int, count: int = 3) -> set[int]:
+def snapshot_epochs(policy: Any, epochs: int) -> set[int]:
     """Pruning epochs (first, middle, last) whose planning scores are kept: among epochs 1 to the
     policy's last pruning epoch (epoch 0 plans from no scores).
 
@@ -53,14 +52,10 @@ def snapshot_epochs(policy: Any, epochs: int, count: int = 3) -> set[int]:
         >>> snapshot_epochs(InfoBatchPolicy(0.5, 8, 0.875), 8), snapshot_epochs(None, 8)
         ({1, 3, 6}, set())
     """
-    if policy is None or count <= 0:
+    if policy is None:
         return set()
     last = min(int(math.floor(float(getattr(policy, "delta", 1.0)) * epochs)), epochs) - 1
-    if last < 1:
-        return set()
-    if count == 1:
-        return {last}
-    return {p for k in range(count) if 1 <= (p := 1 + (k * (last - 1)) // (count - 1)) <= last}
+    return set() if last < 1 else {1, 1 + (last - 1) // 2, last}
 
 
 def served(data: Any, limited: bool) -> int:

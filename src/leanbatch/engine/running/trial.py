@@ -15,7 +15,7 @@ Tune through the store as it trains).
 
 Example:
     >>> from leanbatch.arms.methods import parse_methods
-    >>> spec = Spec(lambda run: 2.0, {a.label: a for a in parse_methods("baseline")})
+    >>> spec = Spec(Study(lambda run: 2.0, parse_methods("baseline"), [0]))
     >>> outcome = run_one(spec, "baseline", 0, report=lambda values: None)
     >>> outcome["outcome"], json.loads(outcome["record"])["metric"]
     ('run', 2.0)
@@ -32,11 +32,10 @@ from typing import Any
 
 import torch
 
-from leanbatch.arms.methods import Arm
 from leanbatch.engine.judging.journal import dumps
 from leanbatch.engine.running.data import HookMissing, StudyError
 from leanbatch.engine.running.run import Run
-from leanbatch.engine.running.study import error_line
+from leanbatch.engine.running.study import Study, error_line
 
 __all__ = ["OUTCOME", "Spec", "run_one", "trial"]
 
@@ -45,15 +44,10 @@ OUTCOME = "leanbatch_outcome"  # the key of the last report: the run's outcome, 
 
 @dataclass
 class Spec:
-    """What every trial of a study shares: the ``task``, the ``arms`` by label, the metric's name and how
-    the caller names it, whether the methods are the defaults (``optional``), the processes of one
-    run (``workers``, each with ``resources``), torch's CPU threads (``threads``; None: Ray's)."""
+    """What every trial of a study shares: the ``study``, the processes of one run (``workers``, each
+    with ``resources``), torch's CPU threads (``threads``; None: Ray's)."""
 
-    task: Callable[[Run], Any]
-    arms: dict[str, Arm]
-    metric: str = "metric"
-    metric_option: str = "metric={!r}"
-    optional: bool = False
+    study: Study
     workers: int = 1
     resources: dict[str, float] = field(default_factory=dict)
     threads: int | None = None
@@ -65,12 +59,12 @@ def run_one(spec: Spec, label: str, seed: int, report: Callable[[dict[str, Any]]
     ``error``)."""
     if spec.threads:
         torch.set_num_threads(spec.threads)
-    arm = spec.arms[label]
-    run = Run(arm, seed, spec.metric, lambda r: report(_logged(r, spec.metric)),
-              metric_option=spec.metric_option, optional=spec.optional)  # fmt: skip
+    study = spec.study
+    arm = next(a for a in study.arms if a.label == label)
+    run = study.new_run(arm, seed, lambda r: report(_logged(r, study.metric)))
     try:
         run.clock.resume()
-        record = run.finish(spec.task(run))
+        record = run.finish(study.task(run))
     except StudyError as e:
         return {"outcome": "stopped", "error": error_line(e)}
     except HookMissing as e:
@@ -87,8 +81,9 @@ def _logged(run: Run, metric: str) -> dict[str, Any]:
     the counts and the training time so far."""
     last = run.epochs[-1]
     values: dict[str, Any] = {"epoch": last.epoch, "train_time_s": last.train_time_s, **last.values}
-    values.update(steps=sum(e.steps for e in run.epochs), forwarded=sum(e.forwarded for e in run.epochs),
-                  backpropagated=sum(e.backpropagated for e in run.epochs))  # fmt: skip
+    values.update(
+        {k: sum(getattr(e, k) for e in run.epochs) for k in ("steps", "forwarded", "backpropagated")}
+    )
     if last.metric is not None:
         values[metric] = last.metric
     return values
@@ -100,10 +95,7 @@ def trial(config: dict[str, Any], spec: Spec) -> None:
     from ray import tune
 
     label, seed = config["run"]["method"], int(config["run"]["seed"])
-    if spec.workers == 1:
-        outcome = run_one(spec, label, seed, tune.report)
-    else:
-        outcome = _distributed(spec, label, seed, tune.report)
+    outcome = (run_one if spec.workers == 1 else _distributed)(spec, label, seed, tune.report)
     tune.report({OUTCOME: json.dumps(outcome)})
 
 

@@ -114,19 +114,15 @@ class _Arm:
         return now + (now - before) / 2
 
 
-def _stop(arm: _Arm) -> None:
-    """Stop an arm: raise :class:`Stopped` in its thread if it runs, release it if it waits."""
-    arm.stop = True
-    if arm.thread.ident is not None and not arm.done:
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(
-            ctypes.c_ulong(arm.thread.ident), ctypes.py_object(Stopped)
-        )
-    arm.go.set()
-
-
 def _stop_all(arms: list[_Arm]) -> None:
+    """Stop every arm: raise :class:`Stopped` in its thread if it runs, release it if it waits."""
     for arm in arms:
-        _stop(arm)
+        arm.stop = True
+        if arm.thread.ident is not None and not arm.done:
+            ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                ctypes.c_ulong(arm.thread.ident), ctypes.py_object(Stopped)
+            )
+        arm.go.set()
     for arm in arms:
         arm.thread.join(timeout=30.0)
         if not arm.done:
