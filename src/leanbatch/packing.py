@@ -153,7 +153,7 @@ def _ids_from_cu(cu_seq_lens: Any, pos: Tensor | None, rows: int, tokens: int) -
     ids = torch.searchsorted(cu[1:-1].contiguous(), flat, right=True).view(rows, tokens)
     if pos is not None:
         require_values(
-            (_starts(pos) == _starts_of(ids.to(pos.device))).all(),
+            (_starts(pos) == _starts(ids.to(pos.device), 0)).all(),
             "position_ids and cu_seq_lens disagree on where the packed sequences start: pass the "
             "ones the collator made for this batch (cu_seq_lens_q), or only one of them",
         )
@@ -205,15 +205,9 @@ def _check_cu(cu_seq_lens: Any, rows: int, tokens: int) -> Tensor:
     return cu
 
 
-def _starts(pos: Tensor) -> Tensor:
-    """Where a sequence starts: each row's first token, and wherever the position does not go up by 1."""
-    starts = torch.ones_like(pos, dtype=torch.bool)
-    starts[:, 1:] = pos[:, 1:] - pos[:, :-1] != 1
-    return starts
-
-
-def _starts_of(ids: Tensor) -> Tensor:
-    """Where the numbering ``ids`` starts a sequence (each row's first token included)."""
-    starts = torch.ones_like(ids, dtype=torch.bool)
-    starts[:, 1:] = ids[:, 1:] != ids[:, :-1]
+def _starts(x: Tensor, step: int = 1) -> Tensor:
+    """Where a sequence starts: each row's first token, and wherever ``x`` does not go up by ``step``
+    (1 for positions, 0 for sequence ids)."""
+    starts = torch.ones_like(x, dtype=torch.bool)
+    starts[:, 1:] = x[:, 1:] - x[:, :-1] != step
     return starts
