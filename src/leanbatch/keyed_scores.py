@@ -340,7 +340,7 @@ class KeyedScoreTable(ScoreTable):
             >>> u.get(torch.tensor([9])).tolist()
             [1.0]
         """
-        state = require(state, ("keys", "values", "stamps", "clock"), "state_dict")
+        state = dict(require(state, ("keys", "values", "stamps", "clock"), "state_dict"))
         keys, stamps = state["keys"], state["stamps"]
         n = keys.shape[0] if isinstance(keys, Tensor) and keys.dim() == 1 else -1
         if (
