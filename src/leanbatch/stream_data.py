@@ -227,9 +227,8 @@ class _PassIterator:
             start = self._handled
             keys = stream.keys_of(block, start, self._info)
             kept = self._plan.fates(keys)[0].tolist()
-            key_list = keys.tolist()
-            for j, item in enumerate(block):
-                if kept[j]:
+            for j, (item, key, keep) in enumerate(zip(block, keys.tolist(), kept, strict=True)):
+                if keep:
                     self._handled = start + j + 1
-                    yield stream.emit(item, key_list[j])
+                    yield stream.emit(item, key)
             self._handled = start + len(block)
