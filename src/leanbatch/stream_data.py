@@ -118,11 +118,6 @@ class PrunedStream(IterableDataset):
             out.append(k)
         return torch.tensor(out, dtype=torch.int64)
 
-    def emit(self, item: Any, key: int) -> Any:
-        """What the loader gets for a kept item: transformed, paired with its key for a key function."""
-        out = item if self.transform is None else self.transform(item)
-        return (out, key) if callable(self.key) else out
-
 
 def _key_error(key: KeySpec, at: str, e: Exception) -> Exception:
     """The error for an item whose key could not be read (``at``: which item)."""
@@ -230,5 +225,6 @@ class _PassIterator:
             for j, (item, key, keep) in enumerate(zip(block, keys.tolist(), kept, strict=True)):
                 if keep:
                     self._handled = start + j + 1
-                    yield stream.emit(item, key)
+                    out = item if stream.transform is None else stream.transform(item)
+                    yield (out, key) if callable(stream.key) else out
             self._handled = start + len(block)

@@ -289,16 +289,8 @@ def _exchange(sib: StreamInfoBatch, index: int) -> tuple[int, int]:
     agree (settings, passes), merge their score tables into one (the same on every rank, so every rank
     freezes the same pass) and return the finished pass's samples (all ranks) and updates (the most).
     """
-    settings = {
-        "seed": sib.seed,
-        "prune_ratio": sib.prune_ratio,
-        "delta": sib.delta,
-        "num_passes": sib.num_passes,
-        "num_samples": sib.num_samples,
-        "capacity": sib.scores.capacity,
-        "pass": sib.current.index,
-        "set_pass": index,
-    }
+    settings = {k: getattr(sib, k) for k in ("seed", "prune_ratio", "delta", "num_passes", "num_samples")}
+    settings.update({"capacity": sib.scores.capacity, "pass": sib.current.index, "set_pass": index})
     table = sib.scores.state_dict()
     mine = (settings, (table["keys"], table["values"], table["stamps"]), sib._in_pass, sib._steps, sib._batch)
     parts: list[Any] = [None] * world_size()
