@@ -342,13 +342,11 @@ class KeyedScoreTable(ScoreTable):
         """
         state = dict(require(state, ("keys", "values", "stamps", "clock"), "state_dict"))
         keys, stamps = state["keys"], state["stamps"]
-        n = keys.shape[0] if isinstance(keys, Tensor) and keys.dim() == 1 else -1
-        if (
-            n < 0
-            or keys.dtype != torch.int64
-            or (n and (int(keys.min()) < 0 or bool((keys.diff() <= 0).any())))
+        if not (isinstance(keys, Tensor) and keys.dim() == 1 and keys.dtype == torch.int64) or bool(
+            (keys.diff() <= 0).any() | (keys[:1] < 0).any()  # sorted: the first is the least
         ):
             raise ValueError("state_dict['keys'] must be a sorted 1-D int64 tensor of distinct keys >= 0")
+        n = keys.shape[0]
         if n > self.capacity:
             raise ValueError(
                 f"state_dict holds {n} keys but this table's capacity is {self.capacity}: build it with "

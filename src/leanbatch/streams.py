@@ -208,10 +208,9 @@ class StreamInfoBatch:
     def _check_batch(self, keys: Tensor, rows: Tensor) -> None:
         """Refuse a key twice in this pass: in the batch, or trained before in the pass."""
         ordered = torch.sort(keys).values
-        twice = ordered[1:][ordered[1:] == ordered[:-1]]
-        again = keys[self.scores.seen(rows)]
-        if twice.numel() or again.numel():
-            k = int(twice[0] if twice.numel() else again[0])
+        twice = torch.cat([ordered[1:][ordered[1:] == ordered[:-1]], keys[self.scores.seen(rows)]])
+        if twice.numel():
+            k = int(twice[0])
             raise ValueError(
                 f"keys: two items with key {k} in pass {self.current.index}: a key names one sample, seen once a "
                 "pass. Call set_pass(p) before each pass; with worker processes, each must read its own part "
