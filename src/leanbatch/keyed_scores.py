@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from leanbatch.checks import check_int, check_per_sample_loss, require
+from leanbatch.checks import check_int, check_per_sample_loss, check_saved_tensor, require
 from leanbatch.scores import ScoreTable
 
 __all__ = ["MAX_KEY", "KeyedScoreTable", "check_keys"]
@@ -213,37 +213,29 @@ class KeyedScoreTable(ScoreTable):
         self.put(keys, losses)
 
     def _forget(self, n: int, keep_rows: Tensor) -> None:
-        """Drop the ``n`` keys stored longest ago (smallest stamp, then key), never those in
-        ``keep_rows``, and rebuild the index."""
-        values = self.values  # flushed: no queued write refers to the old rows
-        var = self.variances if self.tracks_variance else None
+        """Drop the ``n`` keys stored longest ago, never those in ``keep_rows``, and rebuild."""
+        keys, rows = self._live()
         stamps = self._stamps.clone()
         stamps[keep_rows] = torch.iinfo(torch.int32).max
-        live = torch.nonzero(self._keys != _EMPTY).squeeze(1)
-        keys, stamps = self._keys[live], stamps[live]
-        order = torch.argsort(keys, stable=True)
-        order = order[torch.argsort(stamps[order], stable=True)]
-        keep = live[order[n:]]
-        self._rebuild(self._keys[keep], self._stamps[keep], values[keep.to(values.device)], var, keep)
+        rows = rows[_newest(stamps[rows], keys.numel() - n)]
+        at = rows.to(self.device)
+        var = self.variances[at] if self.tracks_variance else None
+        self._rebuild(self._keys[rows], self._stamps[rows], self.values[at], var)
         self.evicted += n
 
-    def _rebuild(
-        self, keys: Tensor, stamps: Tensor, scores: Tensor, var: Tensor | None, old: Tensor | None
-    ) -> None:
-        """Hold exactly ``keys`` (their stamps, scores and, from rows ``old``, variances)."""
+    def _rebuild(self, keys: Tensor, stamps: Tensor, scores: Tensor, var: Tensor | None = None) -> None:
+        """Hold exactly ``keys``, with their stamps, scores and (``variance=True``) variances."""
         self._keys.fill_(_EMPTY)
         self._stamps.fill_(-1)
         self._longest, self.count = 0, 0
         rows = self._insert(keys)
-        self._stamps[rows] = stamps
-        values = self.values
-        moved = scores.clone()
+        self._stamps[rows] = stamps.to(torch.int32)
+        at, values = rows.to(self.device), self.values
         values.fill_(float("nan"))
-        values[rows.to(values.device)] = moved.to(values.device, torch.float32)
-        if var is not None and old is not None:
-            kept = var[old.to(var.device)].clone()
-            var.fill_(float("nan"))
-            var[rows.to(var.device)] = kept
+        values[at] = scores.to(self.device, torch.float32)
+        if var is not None:
+            self.variances.fill_(float("nan"))
+            self.variances[at] = var.to(self.device, torch.float32)
 
     def merge(self, parts: list[tuple[Tensor, Tensor, Tensor]]) -> None:
         """Hold the union of ``parts`` (each a table's ``keys``, ``values``, ``stamps``, as in
@@ -282,11 +274,11 @@ class KeyedScoreTable(ScoreTable):
         last = torch.ones(keys.shape, dtype=torch.bool)
         last[:-1] = keys[1:] != keys[:-1]
         keys, values, stamps = keys[last], values[last], stamps[last]
-        if keys.numel() > self.capacity:  # the oldest go: smallest stamp, then key (keys are sorted)
-            keep = torch.sort(torch.argsort(stamps, stable=True)[keys.numel() - self.capacity :]).values
+        if keys.numel() > self.capacity:
+            keep = _newest(stamps, self.capacity)
             self.evicted += keys.numel() - self.capacity
             keys, values, stamps = keys[keep], values[keep], stamps[keep]
-        self._rebuild(keys, stamps.to(torch.int32), values, None, None)
+        self._rebuild(keys, stamps, values)
 
     # ------------------------------------------------------------------ reads
     def get(self, indices: Tensor) -> Tensor:
@@ -306,9 +298,14 @@ class KeyedScoreTable(ScoreTable):
             >>> [x.tolist() for x in t.items()]
             [[3, 9], [2.0, 1.0]]
         """
+        keys, rows = self._live()
+        return keys, self.values[rows.to(self.device)].cpu()
+
+    def _live(self) -> tuple[Tensor, Tensor]:
+        """The keys held, sorted (int64, CPU), and their rows."""
         live = torch.nonzero(self._keys != _EMPTY).squeeze(1)
         keys, order = torch.sort(self._keys[live])
-        return keys, self.values[live[order].to(self.device)].cpu()
+        return keys, live[order]
 
     @property
     def nbytes(self) -> int:
@@ -318,9 +315,7 @@ class KeyedScoreTable(ScoreTable):
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict[str, Any]:
         """The keys held, sorted, with their scores and stamps: tensors and plain values only."""
-        live = torch.nonzero(self._keys != _EMPTY).squeeze(1)
-        keys, order = torch.sort(self._keys[live])
-        rows = live[order]
+        keys, rows = self._live()
         dev = rows.to(self.device)
         return {
             "capacity": self.capacity,
@@ -346,39 +341,35 @@ class KeyedScoreTable(ScoreTable):
             [1.0]
         """
         state = dict(require(state, ("keys", "values", "stamps", "clock"), "state_dict"))
-        keys, values, stamps = state["keys"], state["values"], state["stamps"]
-        n = keys.shape[0] if isinstance(keys, Tensor) and keys.dim() == 1 else -1
-        if (
-            n < 0
-            or keys.dtype != torch.int64
-            or (n and (int(keys.min()) < 0 or bool((keys.diff() <= 0).any())))
+        keys, stamps = state["keys"], state["stamps"]
+        if not (isinstance(keys, Tensor) and keys.dim() == 1 and keys.dtype == torch.int64) or bool(
+            (keys.diff() <= 0).any() | (keys[:1] < 0).any()  # sorted: the first is the least
         ):
             raise ValueError("state_dict['keys'] must be a sorted 1-D int64 tensor of distinct keys >= 0")
+        n = keys.shape[0]
         if n > self.capacity:
             raise ValueError(
                 f"state_dict holds {n} keys but this table's capacity is {self.capacity}: build it with "
                 f"capacity >= {n} (the saved table's was {state.get('capacity')})"
             )
-        for name, t, floating in (("values", values, True), ("stamps", stamps, False)):
-            if not isinstance(t, Tensor) or tuple(t.shape) != (n,) or t.is_floating_point() != floating:
-                raise ValueError(
-                    f"state_dict[{name!r}] must be a tensor of {n} {'floats' if floating else 'ints'}"
-                )
-        if bool(torch.isinf(values).any()):
-            raise ValueError("state_dict['values'] must hold finite scores or NaN")
+        values = check_saved_tensor(state, "values", (n,))
+        if not isinstance(stamps, Tensor) or tuple(stamps.shape) != (n,) or stamps.is_floating_point():
+            raise ValueError(f"state_dict['stamps'] must be a tensor of {n} ints")
         var = state.get("variance")
         if (var is None) == self.tracks_variance:
             raise ValueError(
                 "state_dict and this table disagree on variance=: build it as the one that saved it"
             )
-        if var is not None and (not isinstance(var, Tensor) or tuple(var.shape) != (n,)):
-            raise ValueError(f"state_dict['variance'] must be a tensor of {n} floats")
+        if var is not None:
+            var = check_saved_tensor(state, "variance", (n,), low=0.0)
         nonfinite = check_int(state.get("nonfinite", 0), "state_dict['nonfinite']", 0)
         clock = check_int(state["clock"], "state_dict['clock']")
         evicted = check_int(state.get("evicted", 0), "state_dict['evicted']", 0)
-        self._rebuild(keys, stamps.to(torch.int32), values, None, None)
-        if var is not None:
-            self.variances.fill_(float("nan"))
-            self.variances[self.lookup(keys).to(self.device)] = var.to(self.device, torch.float32)
+        self._rebuild(keys, stamps, values, var)
         self.nonfinite_count.fill_(nonfinite)
         self.clock, self.evicted = clock, evicted
+
+
+def _newest(stamps: Tensor, k: int) -> Tensor:
+    """Positions of the ``k`` newest of key-sorted entries (largest stamp, then key), ascending."""
+    return torch.sort(torch.argsort(stamps, stable=True)[stamps.numel() - k :]).values

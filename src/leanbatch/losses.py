@@ -24,8 +24,6 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -160,31 +158,14 @@ def per_sequence_loss(
         >>> per_sequence_loss(torch.zeros(1, 5, 5), labels, shift=True, position_ids=pos).shape
         torch.Size([2])
     """
-    _check_sequences(logits, labels)
+    if isinstance(logits, Tensor) and logits.dim() != 3:  # token_losses checks the rest
+        raise ValueError(f"logits must have shape (batch, seq_len, vocab), got {tuple(logits.shape)}")
     check_choice(reduction, "reduction", ("none", "mean", "sum"))
     if position_ids is None and cu_seq_lens is None and num_sequences is None:
         per_seq = sequence_losses(*token_losses(logits, labels, shift, ignore_index))
     else:
         per_seq = _packed(logits, labels, ignore_index, shift, position_ids, cu_seq_lens, num_sequences)
-    if reduction == "mean":
-        return per_seq.mean()
-    if reduction == "sum":
-        return per_seq.sum()
-    return per_seq
-
-
-def _check_sequences(logits: Any, labels: Any) -> None:
-    """``logits`` ``(batch, seq_len, vocab)`` and integer ``labels`` ``(batch, seq_len)``, or an error."""
-    if not isinstance(logits, Tensor) or not isinstance(labels, Tensor):
-        raise TypeError("logits and labels must be tensors")
-    if logits.dim() != 3:
-        raise ValueError(f"logits must have shape (batch, seq_len, vocab), got {tuple(logits.shape)}")
-    if tuple(labels.shape) != tuple(logits.shape[:2]):
-        raise ValueError(
-            f"labels must have shape (batch, seq_len) = {tuple(logits.shape[:2])}, got {tuple(labels.shape)}"
-        )
-    if labels.is_floating_point():
-        raise TypeError(f"labels must be integer token ids, got {labels.dtype}")
+    return per_seq if reduction == "none" else getattr(per_seq, reduction)()
 
 
 def _packed(
@@ -197,12 +178,12 @@ def _packed(
     num_sequences: int | None,
 ) -> Tensor:
     """:func:`per_sequence_loss` of a packed batch: one loss per packed sequence."""
+    tok, _ = token_losses(logits, labels, shift, ignore_index)
     ids = packed_sequence_ids(
         labels, position_ids=position_ids, cu_seq_lens=cu_seq_lens, num_sequences=num_sequences
     ).to(logits.device)
     if shift:
         check_packed_labels(labels, ids, ignore_index)
-    tok, _ = token_losses(logits, labels, shift, ignore_index)
     targets = F.pad(labels, (0, 1), value=ignore_index)[..., 1:] if shift else labels
     labelled = targets.to(logits.device) != ignore_index
     if num_sequences is not None:

@@ -147,13 +147,33 @@ def check_packed_labels(labels: Tensor, ids: Tensor, ignore_index: int = -100) -
 
 
 def _ids_from_cu(cu_seq_lens: Any, pos: Tensor | None, rows: int, tokens: int) -> tuple[Tensor, int]:
-    """The numbering ``cu_seq_lens`` gives (checked against ``pos`` when given), and its sequence count."""
-    cu = _check_cu(cu_seq_lens, rows, tokens)
-    flat = torch.arange(rows * tokens, device=cu.device)
+    """The numbering ``cu_seq_lens`` gives, and its sequence count; ``cu_seq_lens`` checked (1-D, from 0
+    to ``rows * tokens``, strictly increasing, a boundary at each row) and against ``pos`` when given."""
+    if not isinstance(cu_seq_lens, Tensor) or cu_seq_lens.dtype not in _INTEGER or cu_seq_lens.dim() != 1:
+        got = (
+            f"{cu_seq_lens.dtype} {tuple(cu_seq_lens.shape)}"
+            if isinstance(cu_seq_lens, Tensor)
+            else type(cu_seq_lens).__name__
+        )
+        raise TypeError(f"cu_seq_lens must be a 1-D integer tensor, got {got}")
+    if cu_seq_lens.numel() < 2:
+        raise ValueError("cu_seq_lens must hold at least [0, total tokens]")
+    cu = cu_seq_lens.long()
+    total = rows * tokens
+    ok = (cu[0] == 0) & (cu[-1] == total) & (cu.diff() > 0).all()
+    if rows > 1:  # each row's first token starts a sequence
+        ok &= torch.isin(torch.arange(0, total, tokens, device=cu.device), cu).all()
+    require_values(
+        ok,
+        f"cu_seq_lens must run from 0 to the batch's {total} tokens ({rows} row(s) of {tokens}), strictly "
+        "increasing, with a boundary at every row's start: pass the cu_seq_lens_q the collator made "
+        "for this batch",
+    )
+    flat = torch.arange(total, device=cu.device)
     ids = torch.searchsorted(cu[1:-1].contiguous(), flat, right=True).view(rows, tokens)
     if pos is not None:
         require_values(
-            (_starts(pos) == _starts_of(ids.to(pos.device))).all(),
+            (_starts(pos) == _starts(ids.to(pos.device), 0)).all(),
             "position_ids and cu_seq_lens disagree on where the packed sequences start: pass the "
             "ones the collator made for this batch (cu_seq_lens_q), or only one of them",
         )
@@ -180,40 +200,9 @@ def _check_positions(position_ids: Any, rows: int, tokens: int) -> Tensor:
     return pos
 
 
-def _check_cu(cu_seq_lens: Any, rows: int, tokens: int) -> Tensor:
-    """``cu_seq_lens``: 1-D, from 0 to ``rows * tokens``, strictly increasing, a boundary at each row."""
-    if not isinstance(cu_seq_lens, Tensor) or cu_seq_lens.dtype not in _INTEGER or cu_seq_lens.dim() != 1:
-        got = (
-            f"{cu_seq_lens.dtype} {tuple(cu_seq_lens.shape)}"
-            if isinstance(cu_seq_lens, Tensor)
-            else type(cu_seq_lens).__name__
-        )
-        raise TypeError(f"cu_seq_lens must be a 1-D integer tensor, got {got}")
-    if cu_seq_lens.numel() < 2:
-        raise ValueError("cu_seq_lens must hold at least [0, total tokens]")
-    cu = cu_seq_lens.long()
-    total = rows * tokens
-    ok = (cu[0] == 0) & (cu[-1] == total) & (cu.diff() > 0).all()
-    if rows > 1:  # each row's first token starts a sequence
-        ok &= torch.isin(torch.arange(0, total, tokens, device=cu.device), cu).all()
-    require_values(
-        ok,
-        f"cu_seq_lens must run from 0 to the batch's {total} tokens ({rows} row(s) of {tokens}), strictly "
-        "increasing, with a boundary at every row's start: pass the cu_seq_lens_q the collator made "
-        "for this batch",
-    )
-    return cu
-
-
-def _starts(pos: Tensor) -> Tensor:
-    """Where a sequence starts: each row's first token, and wherever the position does not go up by 1."""
-    starts = torch.ones_like(pos, dtype=torch.bool)
-    starts[:, 1:] = pos[:, 1:] - pos[:, :-1] != 1
-    return starts
-
-
-def _starts_of(ids: Tensor) -> Tensor:
-    """Where the numbering ``ids`` starts a sequence (each row's first token included)."""
-    starts = torch.ones_like(ids, dtype=torch.bool)
-    starts[:, 1:] = ids[:, 1:] != ids[:, :-1]
+def _starts(x: Tensor, step: int = 1) -> Tensor:
+    """Where a sequence starts: each row's first token, and wherever ``x`` does not go up by ``step``
+    (1 for positions, 0 for sequence ids)."""
+    starts = torch.ones_like(x, dtype=torch.bool)
+    starts[:, 1:] = x[:, 1:] - x[:, :-1] != step
     return starts

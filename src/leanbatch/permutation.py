@@ -7,6 +7,7 @@ positions it needs, so no O(N log N) shuffle and no permutation array are ever m
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import reduce
 
 import torch
 from torch import Tensor
@@ -33,10 +34,7 @@ def mix_seed(*parts: int) -> int:
         >>> mix_seed(0, 1) == mix_seed(0, 1) != mix_seed(1, 0)
         True
     """
-    x = _GOLDEN
-    for p in parts:
-        x = _absorb(x, p)
-    return x >> 1
+    return reduce(_absorb, parts, _GOLDEN) >> 1
 
 
 def _signed(x: int) -> int:
@@ -60,10 +58,7 @@ def mix_keys(keys: Tensor, *parts: int) -> Tensor:
         >>> mix_keys(torch.tensor([0, 7, -3]), 5, 1).tolist() == [mix_seed(5, 1, k) for k in (0, 7, -3)]
         True
     """
-    x0 = _GOLDEN
-    for p in parts:
-        x0 = _absorb(x0, p)
-    x = keys.to(torch.int64) ^ _signed(x0)
+    x = keys.to(torch.int64) ^ _signed(reduce(_absorb, parts, _GOLDEN))
     x = x + _signed(_GOLDEN)
     x = (x ^ _shr(x, 30)) * _signed(_MUL1)
     x = (x ^ _shr(x, 27)) * _signed(_MUL2)

@@ -44,9 +44,7 @@ def training_progress(
     if step is not None or total_steps is not None:
         if step is None or total_steps is None:
             raise TypeError("pass both step= and total_steps=")
-        check_int(step, "step", 0)
-        check_int(total_steps, "total_steps", 1)
-        return min(1.0, step / total_steps)
+        return min(1.0, check_int(step, "step", 0) / check_int(total_steps, "total_steps", 1))
     if epoch is None or num_epochs is None:
         raise TypeError(
             "pass epoch= and num_epochs= (optionally batch_idx=, batches_per_epoch=), or step=/total_steps="

@@ -48,9 +48,7 @@ def pressure_at(progress: float, start: float, end: float | None = None) -> floa
         (10.0, 100.0)
     """
     start = check_pressure(start)
-    if end is None or end == start:
-        return start
-    return decayed_pressure(progress, start, check_pressure(end, "final_pressure"))
+    return decayed_pressure(progress, start, None if end is None else check_pressure(end, "final_pressure"))
 
 
 def decayed_pressure(progress: float, start: float, end: float | None) -> float:

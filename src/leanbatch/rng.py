@@ -76,13 +76,13 @@ class Generators:
         False
     """
 
+    _rank: int | None
+
     def __init__(self, seed: int | None = None, rank: int | None = None, group: Any = None):
-        self.seed = DEFAULT_SEED if seed is None else check_seed(seed)
-        self._given_rank = None if rank is None else check_int(rank, "rank", 0)
         self.group = group
-        self._rank: int | None = self._given_rank
         self._by_device: dict[torch.device, torch.Generator] = {}
         self._streams: dict[torch.device, tuple[int, torch.Generator]] = {}  # device -> (rank, generator)
+        self.reset(seed, rank)
 
     @property
     def rank(self) -> int:

@@ -54,6 +54,8 @@ class ProgressLR(LambdaLR):
 
     Call ``scheduler.step()`` after each ``optimizer.step()`` as usual; it never
     raises for stepping "too often", and the last step lands on ``lr_lambda(1.0)``.
+    Its ``state_dict`` holds plain values only (loads with ``torch.load(weights_only=True)``):
+    the progress source and ``lr_lambda`` stay the constructor's.
 
     Example:
         >>> import torch
@@ -66,43 +68,19 @@ class ProgressLR(LambdaLR):
     """
 
     def __init__(self, optimizer: Optimizer, progress: Any, lr_lambda: Callable[[float], float]):
-        if callable(progress):
-            self._progress: Callable[[], float] = progress
-        elif hasattr(progress, "progress"):
-            self._progress = lambda: float(progress.progress)
-        else:
+        if not callable(progress) and not hasattr(progress, "progress"):
             raise TypeError("progress must be a callable or an object with a .progress attribute (InfoBatch)")
         if not callable(lr_lambda):
             raise TypeError(
                 f"lr_lambda must be a function of progress in [0, 1] returning the LR multiplier, e.g. "
                 f"leanbatch.cosine(), got {type(lr_lambda).__name__} {lr_lambda!r}"
             )
-        self._fn = lr_lambda
-        super().__init__(optimizer, self._multiplier)
 
-    def _multiplier(self, _step: int) -> float:
-        """``lr_lambda(progress)``, both checked: a NaN progress or LR would silently wreck the weights."""
-        t = check_real(self._progress(), "progress", hint="the fraction of training done, in [0, 1]")
-        return check_real(self._fn(t), "lr_lambda(progress)", 0.0, hint="an LR multiplier")
+        def multiplier(_step: int) -> float:
+            """``lr_lambda(progress)``, both checked: a NaN progress or LR would silently wreck the weights."""
+            done = progress() if callable(progress) else float(progress.progress)
+            t = check_real(done, "progress", hint="the fraction of training done, in [0, 1]")
+            return check_real(lr_lambda(t), "lr_lambda(progress)", 0.0, hint="an LR multiplier")
 
-    # The progress source and the shape are code, rebuilt by the constructor: the state holds
-    # plain values only, so it saves with torch.save and loads with weights_only=True (framework
-    # checkpoints: Lightning, Hugging Face).
-    _CODE = ("_fn", "_progress", "_multiplier")
-
-    def state_dict(self) -> dict[str, Any]:
-        """``LambdaLR``'s state without the progress source and shape (plain values only).
-
-        Example:
-            >>> import io, torch
-            >>> opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
-            >>> sched = ProgressLR(opt, lambda: 0.5, cosine())
-            >>> buf = io.BytesIO(); torch.save(sched.state_dict(), buf); _ = buf.seek(0)
-            >>> sched.load_state_dict(torch.load(buf, weights_only=True)); sched.last_epoch
-            0
-        """
-        return {k: v for k, v in super().state_dict().items() if k not in self._CODE}
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`; the progress source and shape stay this object's."""
-        super().load_state_dict({k: v for k, v in state_dict.items() if k not in self._CODE})
+        # a closure, not attributes: LambdaLR's state_dict leaves it out (plain values only)
+        super().__init__(optimizer, multiplier)

@@ -118,11 +118,6 @@ class PrunedStream(IterableDataset):
             out.append(k)
         return torch.tensor(out, dtype=torch.int64)
 
-    def emit(self, item: Any, key: int) -> Any:
-        """What the loader gets for a kept item: transformed, paired with its key for a key function."""
-        out = item if self.transform is None else self.transform(item)
-        return (out, key) if callable(self.key) else out
-
 
 def _key_error(key: KeySpec, at: str, e: Exception) -> Exception:
     """The error for an item whose key could not be read (``at``: which item)."""
@@ -159,6 +154,10 @@ class _PassIterator:
         self._block_start = 0
         self._resume: dict[str, Any] | None = None
         self._items: Iterator[Any] | None = None
+        src = stream.source
+        self._stateful = isinstance(src, IterableDataset) and all(
+            hasattr(src, m) for m in ("state_dict", "load_state_dict")
+        )
 
     def __iter__(self) -> _PassIterator:
         return self
@@ -185,18 +184,10 @@ class _PassIterator:
             )
         self._resume = state
 
-    def _stateful(self) -> bool:
-        src = self._stream.source
-        return (
-            isinstance(src, IterableDataset)
-            and hasattr(src, "state_dict")
-            and hasattr(src, "load_state_dict")
-        )
-
     def _open(self) -> Iterator[Any]:
         """This worker's share of the source, positioned after the items handled before a resume."""
         src, resume, skip = self._stream.source, self._resume, 0
-        if resume is not None and resume["source"] is not None and self._stateful():
+        if resume is not None and resume["source"] is not None and self._stateful:
             src.load_state_dict(resume["source"])
             skip = resume["handled"] - resume["block_start"]
         elif resume is not None:
@@ -207,10 +198,8 @@ class _PassIterator:
             items = itertools.islice(items, info.id, None, info.num_workers)  # round-robin share
         if resume is not None:
             self._handled = resume["handled"]
-            for _ in itertools.islice(
-                items, skip
-            ):  # read past them now: the next block's state is after them
-                pass
+            # read past them now: the next block's state is after them
+            next(itertools.islice(items, skip, skip), None)
         return items
 
     def _run(self) -> Iterator[Any]:
@@ -223,9 +212,9 @@ class _PassIterator:
                     "persistent_workers=False (workers then start at each pass, after set_pass)"
                 )
             stream._worker_read = True
-        items, stateful = self._open(), self._stateful()
+        items = self._open()
         while True:
-            if stateful:
+            if self._stateful:
                 self._block_state, self._block_start = stream.source.state_dict(), self._handled
             block = list(itertools.islice(items, BLOCK))
             if not block:
@@ -233,9 +222,9 @@ class _PassIterator:
             start = self._handled
             keys = stream.keys_of(block, start, self._info)
             kept = self._plan.fates(keys)[0].tolist()
-            key_list = keys.tolist()
-            for j, item in enumerate(block):
-                if kept[j]:
+            for j, (item, key, keep) in enumerate(zip(block, keys.tolist(), kept, strict=True)):
+                if keep:
                     self._handled = start + j + 1
-                    yield stream.emit(item, key_list[j])
+                    out = item if stream.transform is None else stream.transform(item)
+                    yield (out, key) if callable(stream.key) else out
             self._handled = start + len(block)

@@ -30,7 +30,7 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -86,10 +86,6 @@ class StreamPass:
         """A kept candidate's loss weight: ``float32(2**32 / (2**32 - cut))``."""
         return float(torch.tensor(_SCALE / (_SCALE - self.cut), dtype=torch.float32))
 
-    @property
-    def _weight(self) -> Tensor:
-        return torch.tensor(self.weight, dtype=torch.float32)
-
     def fates(self, keys: Tensor) -> tuple[Tensor, Tensor]:
         """Whether each key (int64, CPU) is kept this pass, and its loss weight (float32).
 
@@ -101,17 +97,11 @@ class StreamPass:
         at = torch.searchsorted(cand, keys).clamp_(max=cand.numel() - 1)
         candidate = cand[at] == keys
         drop = candidate & ((mix_keys(keys, self.seed, self.index) >> 31) < self.cut)
-        return ~drop, torch.where(candidate & ~drop, self._weight, 1.0)
+        return ~drop, torch.where(candidate & ~drop, self.weight, 1.0).float()
 
     def state_dict(self) -> dict[str, Any]:
         """Tensors and plain values only (loads with ``torch.load(weights_only=True)``)."""
-        return {
-            "index": self.index,
-            "seed": self.seed,
-            "candidates": self.candidates.clone(),
-            "cut": self.cut,
-            "threshold": self.threshold,
-        }
+        return asdict(self)  # the candidates copied
 
     @classmethod
     def from_state(cls, state: Any) -> StreamPass:

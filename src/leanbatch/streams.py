@@ -208,10 +208,9 @@ class StreamInfoBatch:
     def _check_batch(self, keys: Tensor, rows: Tensor) -> None:
         """Refuse a key twice in this pass: in the batch, or trained before in the pass."""
         ordered = torch.sort(keys).values
-        twice = ordered[1:][ordered[1:] == ordered[:-1]]
-        again = keys[self.scores.seen(rows)]
-        if twice.numel() or again.numel():
-            k = int(twice[0] if twice.numel() else again[0])
+        twice = torch.cat([ordered[1:][ordered[1:] == ordered[:-1]], keys[self.scores.seen(rows)]])
+        if twice.numel():
+            k = int(twice[0])
             raise ValueError(
                 f"keys: two items with key {k} in pass {self.current.index}: a key names one sample, seen once a "
                 "pass. Call set_pass(p) before each pass; with worker processes, each must read its own part "
@@ -289,16 +288,8 @@ def _exchange(sib: StreamInfoBatch, index: int) -> tuple[int, int]:
     agree (settings, passes), merge their score tables into one (the same on every rank, so every rank
     freezes the same pass) and return the finished pass's samples (all ranks) and updates (the most).
     """
-    settings = {
-        "seed": sib.seed,
-        "prune_ratio": sib.prune_ratio,
-        "delta": sib.delta,
-        "num_passes": sib.num_passes,
-        "num_samples": sib.num_samples,
-        "capacity": sib.scores.capacity,
-        "pass": sib.current.index,
-        "set_pass": index,
-    }
+    settings = {k: getattr(sib, k) for k in ("seed", "prune_ratio", "delta", "num_passes", "num_samples")}
+    settings.update({"capacity": sib.scores.capacity, "pass": sib.current.index, "set_pass": index})
     table = sib.scores.state_dict()
     mine = (settings, (table["keys"], table["values"], table["stamps"]), sib._in_pass, sib._steps, sib._batch)
     parts: list[Any] = [None] * world_size()
