@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 __all__ = [
+    "INTEGER_DTYPES",
     "check_autocast",
     "check_bool",
     "check_choice",
@@ -264,7 +265,7 @@ def require(state: Any, keys: tuple[str, ...], what: str) -> Mapping[str, Any]:
     return state
 
 
-_INDEX_DTYPES = frozenset({torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8})
+INTEGER_DTYPES = frozenset({torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8})  # index-like
 
 
 def check_index_tensor(value: Any, name: str) -> torch.Tensor:
@@ -274,10 +275,10 @@ def check_index_tensor(value: Any, name: str) -> torch.Tensor:
         >>> check_index_tensor([3, 1], "indices").tolist()
         [3, 1]
     """
-    if isinstance(value, torch.Tensor) and value.dim() == 1 and value.dtype in _INDEX_DTYPES:
+    if isinstance(value, torch.Tensor) and value.dim() == 1 and value.dtype in INTEGER_DTYPES:
         return value
     t = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
-    if t.dim() != 1 or t.dtype not in _INDEX_DTYPES:
+    if t.dim() != 1 or t.dtype not in INTEGER_DTYPES:
         raise TypeError(f"{name} must be a 1-D integer tensor, got {t.dtype} {tuple(t.shape)}")
     return t
 

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from leanbatch.checks import check_int, check_per_sample_loss, check_saved_tensor, require
+from leanbatch.checks import INTEGER_DTYPES, check_int, check_per_sample_loss, check_saved_tensor, require
 from leanbatch.scores import ScoreTable
 
 __all__ = ["MAX_KEY", "KeyedScoreTable", "check_keys"]
@@ -44,7 +44,6 @@ MAX_KEY = (1 << 63) - 2  # keys are in [0, MAX_KEY]; -1 marks an empty slot
 _EMPTY = -1
 _FIBONACCI = 0x9E3779B97F4A7C15 - (1 << 64)  # a key's home slot: Fibonacci hashing (the product's top bits)
 _WINDOW = 8  # slots a lookup reads per key at once (nearly every key lies within 8 of its home)
-_INTEGER = frozenset({torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8})
 
 
 def check_keys(keys: Any, name: str = "keys") -> Tensor:
@@ -58,7 +57,7 @@ def check_keys(keys: Any, name: str = "keys") -> Tensor:
         [3, 1]
     """
     t = keys if isinstance(keys, Tensor) else torch.as_tensor(keys)
-    if t.dim() != 1 or t.dtype not in _INTEGER:
+    if t.dim() != 1 or t.dtype not in INTEGER_DTYPES:
         raise TypeError(
             f"{name} must be a 1-D tensor of integer keys (one per sample), got {t.dtype} {tuple(t.shape)}: "
             "a stream's keys are integers the items carry (an id) or a key function returns"

@@ -39,11 +39,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from leanbatch.checks import check_int
+from leanbatch.checks import INTEGER_DTYPES, check_int
 
 __all__ = ["check_packed_labels", "packed_sequence_ids", "require_values"]
-
-_INTEGER = frozenset({torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8})
 
 
 def require_values(ok: Tensor, message: str) -> None:
@@ -149,7 +147,11 @@ def check_packed_labels(labels: Tensor, ids: Tensor, ignore_index: int = -100) -
 def _ids_from_cu(cu_seq_lens: Any, pos: Tensor | None, rows: int, tokens: int) -> tuple[Tensor, int]:
     """The numbering ``cu_seq_lens`` gives, and its sequence count; ``cu_seq_lens`` checked (1-D, from 0
     to ``rows * tokens``, strictly increasing, a boundary at each row) and against ``pos`` when given."""
-    if not isinstance(cu_seq_lens, Tensor) or cu_seq_lens.dtype not in _INTEGER or cu_seq_lens.dim() != 1:
+    if (
+        not isinstance(cu_seq_lens, Tensor)
+        or cu_seq_lens.dtype not in INTEGER_DTYPES
+        or cu_seq_lens.dim() != 1
+    ):
         got = (
             f"{cu_seq_lens.dtype} {tuple(cu_seq_lens.shape)}"
             if isinstance(cu_seq_lens, Tensor)
@@ -182,7 +184,7 @@ def _ids_from_cu(cu_seq_lens: Any, pos: Tensor | None, rows: int, tokens: int) -
 
 def _check_positions(position_ids: Any, rows: int, tokens: int) -> Tensor:
     """``position_ids`` as ``(rows, tokens)`` integers whose sequences all start at the same position."""
-    if not isinstance(position_ids, Tensor) or position_ids.dtype not in _INTEGER:
+    if not isinstance(position_ids, Tensor) or position_ids.dtype not in INTEGER_DTYPES:
         got = getattr(position_ids, "dtype", type(position_ids).__name__)
         raise TypeError(f"position_ids must be an integer tensor, got {got}")
     if position_ids.dim() != 2 or position_ids.shape[1] != tokens or position_ids.shape[0] not in (1, rows):
