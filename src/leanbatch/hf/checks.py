@@ -35,7 +35,7 @@ def wrap_train_dataset(trainer: Any, settings: Any) -> InfoBatch:
         >>> class T:
         ...     args, train_dataset = Args(), list(range(10))
         >>> ds = wrap_train_dataset(T(), {"prune_ratio": 0.3, "policy": "random"})
-        >>> ds.num_epochs, ds.prune_ratio, ds.sampler.shard, len(ds)
+        >>> ds.num_epochs, ds.sampler.policy.prune_ratio, ds.sampler.shard, len(ds)
         (3, 0.3, False, 10)
     """
     if not isinstance(settings, Mapping):
