@@ -175,14 +175,10 @@ def plan_from_drop(
     kept = torch.empty(int(torch.count_nonzero(keep)), dtype=dtype)
     pos = 0
     for start in range(0, keep.numel(), _CHUNK):
-        part = torch.nonzero(keep[start : start + _CHUNK]).squeeze(1)  # int64 only per chunk
-        out = kept[pos : pos + part.numel()]
+        part = torch.nonzero(keep[start : start + _CHUNK]).squeeze(1).add_(start)  # int64 only per chunk
         if sl.world > 1:
-            part.add_(start).mul_(sl.world).add_(sl.rank)
-            out.copy_(part)
-        else:
-            out.copy_(part)
-            out += start
+            part.mul_(sl.world).add_(sl.rank)
+        kept[pos : pos + part.numel()] = part
         pos += part.numel()
     return Plan(epoch, sl.num_samples, kept, weights, threshold, True)
 
