@@ -333,33 +333,24 @@ def bench_select(batch_size: int, steps: int, device: str = "cpu") -> list[dict[
         _sync(dev)
         return (time.perf_counter() - t0) / steps * 1e3
 
-    rows: list[dict[str, Any]] = []
-    full = timed(lambda: step(x, y))
-    rows.append({"what": f"training step, full batch of {batch_size}", "ms": full, "of_full_step": 1.0})
+    ms = {f"training step, full batch of {batch_size}": timed(lambda: step(x, y))}
     for scale in (0.5, 1.0):
         sb = SelectiveBackprop(start=0.0, end=1.0, keep=0.5, scale_factor=scale, interrupt=0, seed=0)
         sel = timed(lambda sb=sb: sb.select((x, y), model, F.cross_entropy, progress=0.5, batch_idx=0))
-        rows.append(
-            {"what": f"selection pass (scale {scale:g}, keep 0.5)", "ms": sel, "of_full_step": sel / full}
-        )
+        ms[f"selection pass (scale {scale:g}, keep 0.5)"] = sel
     half = batch_size // 2
-    part = timed(lambda: step(x[:half], y[:half]))
-    rows.append({"what": f"training step on the {half} selected", "ms": part, "of_full_step": part / full})
+    ms[f"training step on the {half} selected"] = timed(lambda: step(x[:half], y[:half]))
     sb = SelectiveBackprop(start=0.0, end=1.0, keep=0.5, scale_factor=0.5, interrupt=0, seed=0)
 
     def sb_step() -> None:
-        out = sb.select((x, y), model, F.cross_entropy, progress=0.5, batch_idx=0)
-        step(*out.batch)
+        step(*sb.select((x, y), model, F.cross_entropy, progress=0.5, batch_idx=0).batch)
 
-    total = timed(sb_step)
-    rows.append(
-        {"what": "Selective Backprop step (select at 0.5 + train)", "ms": total, "of_full_step": total / full}
-    )
+    ms["Selective Backprop step (select at 0.5 + train)"] = timed(sb_step)
     losses = torch.rand(batch_size, device=dev)
     gen = torch.Generator(device=dev).manual_seed(0)
-    rank = timed(lambda: select_indices(losses, 0.5, gen))
-    rows.append({"what": "rank rule alone (sort + Gumbel top-k)", "ms": rank, "of_full_step": rank / full})
-    return rows
+    ms["rank rule alone (sort + Gumbel top-k)"] = timed(lambda: select_indices(losses, 0.5, gen))
+    full = next(iter(ms.values()))
+    return [{"what": k, "ms": v, "of_full_step": v / full} for k, v in ms.items()]
 
 
 def format_select(rows: list[dict[str, Any]]) -> str:
