@@ -141,10 +141,8 @@ def keyed_drop(
     keyed_below(key, sl, cut, drop)
     drop &= candidates
     q_exact = m / _SCALE
-    if num_candidates < n or m == 0:  # something is always kept: no conditioning needed
-        return drop, _SCALE / (_SCALE - m)
-    p_empty = q_exact**n
-    if p_empty == 0.0:  # an all-dropped draw is impossible in float64 terms: the plain weight
+    p_empty = q_exact**n if num_candidates >= n else 0.0
+    if p_empty == 0.0:  # something is always kept (or an all-dropped draw is impossible in float64 terms)
         return drop, _SCALE / (_SCALE - m)
     if global_count(drop.numel() - int(torch.count_nonzero(drop)), sl) == 0:
         u = keyed_uniform(key, 1)

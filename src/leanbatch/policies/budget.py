@@ -106,13 +106,9 @@ class RS2Policy(_Budget):
         super().__post_init__()
         check_seed(self.seed)
 
-    def permutation(self, n: int, pass_index: int) -> KeyedPermutation:
-        """The order of pass ``pass_index`` over ``n`` samples (position -> index), keyed by ``(seed, pass)``."""
-        return KeyedPermutation(n, mix_seed(self.seed, pass_index, _RS2_TAG))
-
     def _in_pass(self, sl: Slice, pass_index: int, lo: int, hi: int) -> Tensor:
-        """Bool mask of the local rows at positions ``[lo, hi)`` of pass ``pass_index``."""
-        perm = self.permutation(sl.num_samples, pass_index)
+        """Bool mask of the local rows at positions ``[lo, hi)`` of pass ``pass_index`` (keyed by ``(seed, pass)``)."""
+        perm = KeyedPermutation(sl.num_samples, mix_seed(self.seed, pass_index, _RS2_TAG))
         if sl.whole:  # forward on the positions: O(hi - lo)
             keep = torch.zeros(sl.num_samples, dtype=torch.bool)
             keep[perm(torch.arange(lo, hi))] = True
