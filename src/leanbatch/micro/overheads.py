@@ -20,6 +20,7 @@ import multiprocessing as mp
 import os
 import time
 from collections.abc import Callable
+from itertools import islice
 from pathlib import Path
 from typing import Any
 from unittest.mock import patch
@@ -238,19 +239,14 @@ def bench_update(num_samples: int, batch_size: int, steps: int, device: str = "c
 
     ds_explicit, ds_implicit = fresh(), fresh()
     scores = torch.rand(num_samples, device=dev)
-    epoch = 0
 
-    def prepare() -> tuple[list[Tensor], Tensor]:
-        """Plan the next epoch of both wrappers; serve ds_implicit's samples as a loader would."""
-        nonlocal epoch
-        epoch += 1
+    def prepare(epoch: int) -> tuple[list[Tensor], Tensor]:
+        """Plan ``epoch`` of both wrappers; serve ds_implicit's samples as a loader would."""
         ds_explicit.set_epoch(epoch)
         order = torch.tensor(list(ds_explicit.sampler), dtype=torch.int64)
         ds_implicit.set_epoch(epoch)
-        it = iter(ds_implicit.sampler)
         n = min(steps, order.numel() // batch_size)
-        for _ in range(n * batch_size):
-            next(it)
+        list(islice(ds_implicit.sampler, n * batch_size))  # served, as a loader would fetch them
         batches = [order[i * batch_size : (i + 1) * batch_size].to(dev) for i in range(n)]
         weights = ds_explicit.sampler.plan().weights_on(dev)
         assert weights is not None
@@ -266,7 +262,7 @@ def bench_update(num_samples: int, batch_size: int, steps: int, device: str = "c
 
     best: dict[str, float] = {}
     for r in range(8):
-        batches, weights = prepare()
+        batches, weights = prepare(r + 1)
         for label, fn in _update_variants(ds_explicit, ds_implicit, scores, weights).items():
             t = block(fn, batches)
             if r > 0:  # the first round warms up
