@@ -68,13 +68,7 @@ class _Rescaled:
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"{name} must be an int >= 0 (0 = off), got {v!r}")
         if self.max_weight is not None:
-            check_real(
-                self.max_weight,
-                "max_weight",
-                1.0,
-                allow_inf=True,
-                hint="the cap on the rescaling weight; None: the exact rescaling",
-            )
+            check_real(self.max_weight, "max_weight", 1.0, allow_inf=True, hint="or None (exact rescaling)")
         check_ratio(
             self.max_drop,
             "max_drop",
@@ -96,12 +90,6 @@ class _Rescaled:
             return False
         return not (self.refresh_every and epoch % self.refresh_every == 0)
 
-    def _drops(self, num_scored: int, num_below: int) -> float:
-        """Expected number of samples dropped (the InfoBatch budget both policies share)."""
-        if self.target == "below":
-            return self.prune_ratio * num_below
-        return min(self.prune_ratio * num_scored, self.max_drop * num_below)
-
     shardable = True  # plans a rank's part of the index space (``scores``: a sharded table's Part)
 
     def __call__(self, scores: Tensor | Part, epoch: int, generator: torch.Generator) -> Plan:
@@ -118,7 +106,9 @@ class _Rescaled:
         below = scores < threshold  # NaN (never scored) compares False: always kept
         if uniform or self.target == "all":
             num_below = global_count(torch.count_nonzero(below), sl)
-            drops = self._drops(num_scored, num_below)
+            drops = self.prune_ratio * num_below  # the expected drops, the same for both policies
+            if self.target == "all":
+                drops = min(self.prune_ratio * num_scored, self.max_drop * num_below)
         if uniform:  # random pruning: the same expected drops, spread over every scored sample
             del below
             candidates, q, num_candidates = ~torch.isnan(scores), drops / num_scored, num_scored
