@@ -81,13 +81,9 @@ def kmeans_boundaries(
         return None
     zero = torch.zeros(1, dtype=torch.float64)
     csum, csq = torch.cat([zero, torch.cumsum(x, 0)]), torch.cat([zero, torch.cumsum(x * x, 0)])
-    best: tuple[float, Tensor] | None = None
-    for _ in range(n_init):
-        bounds, inertia = _lloyd(x, csum, csq, _kmeans_plus_plus(x, num_groups, gen))
-        if best is None or inertia < best[0]:
-            best = (inertia, bounds)
-    assert best is not None
-    return best[1].to(values.dtype if values.is_floating_point() else torch.float32)
+    runs = [_lloyd(x, csum, csq, _kmeans_plus_plus(x, num_groups, gen)) for _ in range(n_init)]
+    bounds = min(runs, key=lambda run: run[1])[0]  # the lowest inertia (the first of equals)
+    return bounds.to(values.dtype if values.is_floating_point() else torch.float32)
 
 
 def _kmeans_plus_plus(x: Tensor, k: int, gen: torch.Generator) -> Tensor:
