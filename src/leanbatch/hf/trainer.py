@@ -21,7 +21,7 @@ What each override handles (the Trainer and accelerate behaviour is in the packa
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from itertools import islice
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
@@ -117,6 +117,12 @@ class _EpochCallback(TrainerCallback):
         state.epoch = pos.epoch + pos.fraction
 
     on_epoch_end = on_step_end
+
+
+def _by_progress(f: Callable[..., float], ds: InfoBatch, total: int) -> Callable[[int], float]:
+    """The schedule ``f`` evaluated at ``ds.progress * total``, not at the optimizer step (a function:
+    ``LambdaLR.state_dict`` does not save it)."""
+    return lambda _step: f(ds.progress * total)
 
 
 class LeanbatchMixin(_Base):
@@ -371,8 +377,7 @@ class LeanbatchMixin(_Base):
         ds = self.infobatch
         if ds is None or not ours or not isinstance(sched, LambdaLR) or getattr(sched, "_leanbatch", False):
             return sched  # metric-driven schedules (reduce_lr_on_plateau) need nothing
-        # functions, not objects: LambdaLR.state_dict does not save them
-        sched.lr_lambdas = [lambda _, f=f: f(ds.progress * num_training_steps) for f in sched.lr_lambdas]
+        sched.lr_lambdas = [_by_progress(f, ds, num_training_steps) for f in sched.lr_lambdas]
         sched._leanbatch = True  # type: ignore[attr-defined]
         return sched
 
