@@ -87,7 +87,9 @@ def gather_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
     if all(s["finished"] for _, s in by_rank) or all(s["plan"] is None for _, s in by_rank):
         sampler.update(finished=any(s["finished"] for _, s in by_rank), position=first["position"])
         return {"version": 2, "scores": scores, "sampler": sampler}
-    plans = [_rank_plan(s, n) for _, s in by_rank]
+    if any(s.get("plan") is None for _, s in by_rank):
+        raise ValueError("a rank's state mid-epoch has no plan while another rank's has one")
+    plans = [ShardedPlan.from_state(s["plan"], n, "state_dict['sampler']['plan']") for _, s in by_rank]
     left, trained = [], plans[0].done
     for (_, s), plan in zip(by_rank, plans, strict=True):
         rest, done = _untrained(plan, s["seed"], plan.order_length if s["finished"] else s["position"])
@@ -159,12 +161,6 @@ def own_part(state: Mapping[str, Any], table: ShardedScores, drop_last: bool = F
             f"holds {table.num_samples}: load a checkpoint made with the same dataset"
         )
     return shard_state(dict(state), table.slice.world, table.slice.rank, drop_last)
-
-
-def _rank_plan(sampler: dict[str, Any], n: int) -> ShardedPlan:
-    if sampler.get("plan") is None:
-        raise ValueError("a rank's state mid-epoch has no plan while another rank's has one")
-    return ShardedPlan.from_state(sampler["plan"], n, "state_dict['sampler']['plan']")
 
 
 def _interleave(parts: list[Tensor], n: int) -> Tensor:

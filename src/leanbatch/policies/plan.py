@@ -190,15 +190,10 @@ def plan_fields(state: Any, n: int, name: str, rows: int, owner: tuple[int, int]
     listed = n if kept is None else int(kept.numel())
     if owner is None and done + listed > n:
         raise ValueError(f"{name} keeps {done + listed} samples of {n}")
-    return {
-        "epoch": epoch,
-        "num_samples": n,
-        "kept": kept,
-        "weights": weights,
-        "threshold": None if threshold is None else float(threshold),
-        "pruning": bool(state["pruning"]),
-        "done": done,
-    }
+    fields = {k: state[k] for k in _KEYS}  # checked above
+    return dict(
+        fields, threshold=None if threshold is None else float(threshold), pruning=bool(state["pruning"])
+    )
 
 
 def _valid_kept(kept: Any, n: int, owner: tuple[int, int] | None) -> bool:
