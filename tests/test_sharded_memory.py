@@ -12,7 +12,8 @@ from leanbatch.distributed import ShardedScores
 from leanbatch.distributed.shards import ShardedPlan
 from leanbatch.distributed.simulate import SimulatedWorld
 from leanbatch.epochs import plan_epoch
-from leanbatch.micro.sharded import _fill, _measure
+from leanbatch.micro.overheads import _fill
+from leanbatch.micro.sharded import _measure
 
 
 def test_the_bytes_a_rank_holds_scale_as_n_over_world():

@@ -34,8 +34,8 @@ import torch
 from torch import Tensor
 
 from leanbatch.checks import require
-from leanbatch.distributed.shards import ShardedPlan, ShardedScores
-from leanbatch.policies.parts import slice_size
+from leanbatch.distributed.shards import ShardedPlan, ShardedScores, as_shard
+from leanbatch.policies.parts import Slice
 from leanbatch.policies.plan import Plan
 
 __all__ = ["gather_states", "own_part", "shard_state"]
@@ -87,7 +87,9 @@ def gather_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
     if all(s["finished"] for _, s in by_rank) or all(s["plan"] is None for _, s in by_rank):
         sampler.update(finished=any(s["finished"] for _, s in by_rank), position=first["position"])
         return {"version": 2, "scores": scores, "sampler": sampler}
-    plans = [_rank_plan(s, n) for _, s in by_rank]
+    if any(s.get("plan") is None for _, s in by_rank):
+        raise ValueError("a rank's state mid-epoch has no plan while another rank's has one")
+    plans = [ShardedPlan.from_state(s["plan"], n, "state_dict['sampler']['plan']") for _, s in by_rank]
     left, trained = [], plans[0].done
     for (_, s), plan in zip(by_rank, plans, strict=True):
         rest, done = _untrained(plan, s["seed"], plan.order_length if s["finished"] else s["position"])
@@ -161,12 +163,6 @@ def own_part(state: Mapping[str, Any], table: ShardedScores, drop_last: bool = F
     return shard_state(dict(state), table.slice.world, table.slice.rank, drop_last)
 
 
-def _rank_plan(sampler: dict[str, Any], n: int) -> ShardedPlan:
-    if sampler.get("plan") is None:
-        raise ValueError("a rank's state mid-epoch has no plan while another rank's has one")
-    return ShardedPlan.from_state(sampler["plan"], n, "state_dict['sampler']['plan']")
-
-
 def _interleave(parts: list[Tensor], n: int) -> Tensor:
     """The (n,) tensor whose rows ``r::world`` are ``parts[r]``."""
     out = torch.empty(n, dtype=parts[0].dtype)
@@ -181,10 +177,9 @@ def _untrained(plan: Plan, seed: int, position: int) -> tuple[Tensor, int]:
     Unsharded: positions ``0 .. position - 1`` of the order. Sharded: the rank's first
     ``position // world`` samples (each rank serves its own list).
     """
-    listed = plan.kept if plan.kept is not None else _all_of(plan)
-    listed = listed.to(torch.int64)
-    count = listed.numel()
     world, rank = (plan.world, plan.rank) if isinstance(plan, ShardedPlan) else (1, 0)
+    listed = Slice(plan.num_samples, world, rank).indices() if plan.kept is None else plan.kept.long()
+    count = listed.numel()
     served = min(count, position // world)
     if served == 0:
         return listed, 0
@@ -195,32 +190,14 @@ def _untrained(plan: Plan, seed: int, position: int) -> tuple[Tensor, int]:
     return listed[left], served
 
 
-def _all_of(plan: Plan) -> Tensor:
-    if not isinstance(plan, ShardedPlan):
-        return torch.arange(plan.num_samples)
-    return torch.arange(slice_size(plan.num_samples, plan.world, plan.rank)) * plan.world + plan.rank
-
-
 def _cut(plan: Plan, rest: Tensor, done: int, world: int, rank: int, drop_last: bool) -> ShardedPlan:
     """Rank ``rank``'s continuation plan: its own samples of ``rest``, every rank's counts."""
     owner = rest % world
     counts = tuple(int(c) for c in torch.bincount(owner, minlength=world))
-    length = min(counts) if drop_last else max(counts)
     kept = rest[owner == rank].to(torch.int32 if plan.num_samples < 2**31 else torch.int64)
     weights = None if plan.weights is None else plan.weights[rank::world].clone()
-    return ShardedPlan(
-        plan.epoch,
-        plan.num_samples,
-        kept,
-        weights,
-        plan.threshold,
-        plan.pruning,
-        done,
-        world=world,
-        rank=rank,
-        counts=counts,
-        length=length,
-    )
+    part = Plan(plan.epoch, plan.num_samples, kept, weights, plan.threshold, plan.pruning, done)
+    return as_shard(part, rank, counts, drop_last)
 
 
 def _resumed(sampler: dict[str, Any], plan: Plan) -> dict[str, Any]:

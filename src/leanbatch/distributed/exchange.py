@@ -82,12 +82,9 @@ class ScoreExchange:
     def __init__(self, table: ScoreTable, group: Any = None, carrier: ScoreCarrier | None = None):
         self.table = table
         self.group = group
-        self._carrier = carrier
-
-    @property
-    def carrier(self) -> ScoreCarrier | None:
-        """What the rows are sent with (:meth:`carry`); ``None``: an all-gather a step."""
-        return self._carrier
+        self.carrier: ScoreCarrier | None = (
+            carrier  # what the rows ride (carry()); None: an all-gather a step
+        )
 
     def send(self, indices: Tensor, losses: Tensor) -> None:
         """Store one step's rows on every rank: every rank's rows, in rank order (the same number
@@ -99,7 +96,7 @@ class ScoreExchange:
             self.table.store(indices, losses, check=False)
             return
         self.table.follow(losses.device)
-        carrier = self._carrier
+        carrier = self.carrier
         if carrier is not None and same_group(carrier.group, group):
             rows = carrier.post(indices, losses)
         else:
@@ -112,8 +109,8 @@ class ScoreExchange:
         process group, checked before any hook. Once per model: asked again for the model the
         rows already ride (a second fit on the same wrapper), the same carrier.
         """
-        if self._carrier is not None and self._carrier.model is model:
-            return self._carrier  # DDP takes one comm hook: it is already ours
+        if self.carrier is not None and self.carrier.model is model:
+            return self.carrier  # DDP takes one comm hook: it is already ours
         own = getattr(model, "process_group", None)
         if own is not None and not same_group(own, self.group):
             raise ValueError(
@@ -124,5 +121,5 @@ class ScoreExchange:
 
         carrier = ScoreCarrier(model)
         self.table.flush()  # rows queued so far went by the all-gather
-        self._carrier = carrier
+        self.carrier = carrier
         return carrier

@@ -24,7 +24,8 @@ Example:
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from itertools import accumulate
 from typing import Any
 
 import torch
@@ -38,7 +39,7 @@ from leanbatch.policies.plan import Plan, plan_fields
 from leanbatch.ranks import initialized, is_distributed, process_rank, world_size
 from leanbatch.scores import ScoreTable
 
-__all__ = ["ShardedPlan", "ShardedScores", "plan_shard", "shard_of"]
+__all__ = ["ShardedPlan", "ShardedScores", "as_shard", "plan_shard", "shard_of"]
 
 
 def shard_of(num_samples: int, num_replicas: int | None, rank: int | None, group: Any) -> tuple[int, int]:
@@ -161,11 +162,9 @@ class ShardedScores(ScoreTable):
             torch._assert_async(sl.owns(indices).all(), msg)
 
     def get(self, indices: Tensor) -> Tensor:
-        """Scores of global ``indices``, each of which this rank must own."""
+        """Scores of global ``indices``, each of which this rank must own (:meth:`check_owned`)."""
         idx = self._index(indices)
-        self.check_indices(idx)
-        if idx.device.type == "cpu" and not bool(self.slice.owns(idx).all()):
-            raise IndexError(f"indices of another rank: this table holds those of rank {self.slice.rank}")
+        self.check_owned(idx)
         return self.values[self.local_rows(idx)]
 
     def state_dict(self) -> dict[str, Any]:
@@ -206,9 +205,7 @@ class ShardedPlan(Plan):
 
     def __post_init__(self) -> None:
         ordered = tuple(sorted(self.counts))
-        prefix = [0]
-        for c in ordered:
-            prefix.append(prefix[-1] + c)
+        prefix = [0, *accumulate(ordered)]
         object.__setattr__(self, "_prefix", (ordered, prefix))  # kept_before runs every step
 
     @property
@@ -303,17 +300,18 @@ def plan_shard(
     plan = policy(Part(table.values, sl), epoch, generator)  # type: ignore[arg-type]  # a shardable policy
     mine = sl.size if plan.kept is None else int(plan.kept.numel())
     counts = tuple(int(c) for c in comm.gather(torch.tensor([mine], dtype=torch.int64))[:, 0])
+    return as_shard(plan, sl.rank, counts, drop_last)
+
+
+def as_shard(plan: Plan, rank: int, counts: tuple[int, ...], drop_last: bool) -> ShardedPlan:
+    """``plan`` as rank ``rank``'s part, given every rank's kept count: each rank serves the largest
+    (the smallest with ``drop_last``).
+
+    Example:
+        >>> import torch
+        >>> as_shard(Plan(0, 5, torch.tensor([1, 3]), None, None, True), 1, (3, 2), False).length
+        3
+    """
+    own = {f.name: getattr(plan, f.name) for f in fields(Plan) if f.name != "_on_device"}
     length = min(counts) if drop_last else max(counts)
-    return ShardedPlan(
-        plan.epoch,
-        plan.num_samples,
-        plan.kept,
-        plan.weights,
-        plan.threshold,
-        plan.pruning,
-        plan.done,
-        world=sl.world,
-        rank=sl.rank,
-        counts=counts,
-        length=length,
-    )
+    return ShardedPlan(**own, world=len(counts), rank=rank, counts=counts, length=length)

@@ -124,7 +124,12 @@ def _check_infobatch(trainer: Any, ds: InfoBatch) -> None:
             f"args.num_train_epochs={args.num_train_epochs} but InfoBatch(num_epochs={ds.num_epochs}): the "
             "annealing epochs are placed by num_epochs, so the two must be equal"
         )
-    _check_loss(trainer, args)
+    if getattr(trainer, "compute_loss_func", None) is not None:  # the loss is the adapter's
+        raise ValueError(
+            "compute_loss_func: InfoBatch needs per-sequence losses to score and weight, so the adapter "
+            "computes the loss itself; drop compute_loss_func"
+        )
+    check_cross_entropy_args(args, "InfoBatch")
     strategy = getattr(args, "train_sampling_strategy", "random")
     if strategy != "random":
         raise ValueError(
@@ -154,16 +159,6 @@ def _check_infobatch(trainer: Any, ds: InfoBatch) -> None:
             "once epochs are pruned; pass optimizers=(optimizer, None) and choose args.lr_scheduler_type "
             "(the adapter drives it by training progress), or a leanbatch.ProgressLR"
         )
-
-
-def _check_loss(trainer: Any, args: Any) -> None:
-    """The loss is the adapter's: per-sequence token cross-entropy, nothing that replaces it."""
-    if getattr(trainer, "compute_loss_func", None) is not None:
-        raise ValueError(
-            "compute_loss_func: InfoBatch needs per-sequence losses to score and weight, so the adapter "
-            "computes the loss itself; drop compute_loss_func"
-        )
-    check_cross_entropy_args(args, "InfoBatch")
 
 
 def check_cross_entropy_args(args: Any, method: str) -> None:

@@ -16,6 +16,7 @@ before ``forward``.
 from __future__ import annotations
 
 from collections.abc import Callable, MutableMapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -30,6 +31,7 @@ INDEX_KEY = "leanbatch_index"
 """The batch key under which each batch carries its :class:`Rows` (removed before ``forward``)."""
 
 
+@dataclass(slots=True, eq=False, repr=False)
 class Rows:
     """The dataset indices of one collated batch, carried beside the model inputs.
 
@@ -49,19 +51,10 @@ class Rows:
         (3, False, Rows([7, 3, 5]))
     """
 
-    __slots__ = ("indices", "labelled", "positions", "sequences")
-
-    def __init__(
-        self,
-        indices: Tensor,
-        labelled: Tensor,
-        positions: Tensor | None = None,
-        sequences: Tensor | None = None,
-    ):
-        self.indices = indices
-        self.labelled = labelled
-        self.positions = positions
-        self.sequences = sequences
+    indices: Tensor
+    labelled: Tensor
+    positions: Tensor | None = None
+    sequences: Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.indices.shape[0])

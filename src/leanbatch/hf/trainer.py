@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Iterator, Mapping
+from itertools import islice
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import torch
@@ -92,16 +93,6 @@ class _Step(NamedTuple):
     shift_labels: Tensor | None
 
 
-class _SelectionLoss:
-    """Selective Backprop's per-sequence loss (:mod:`leanbatch.losses`: 0 without a labelled token)."""
-
-    def __init__(self, shift: bool):
-        self.shift = shift
-
-    def __call__(self, logits: Tensor, labels: Tensor, reduction: str = "none") -> Tensor:
-        return sequence_losses(*token_losses(logits, labels, self.shift))
-
-
 def _scoring_rows(rows: Rows, first: int, kept: int, spare: int) -> Tensor:
     """The rows' dataset indices, with ``spare`` (the score table's slot that stores nothing) for rows
     that must not score: no labelled token, or accelerate's padding (global position ``>= kept``)."""
@@ -121,26 +112,17 @@ class _EpochCallback(TrainerCallback):
     def __init__(self, infobatch: InfoBatch):
         self.infobatch = infobatch
 
-    def _fix(self, state: Any) -> None:
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         pos = self.infobatch.position
         state.epoch = pos.epoch + pos.fraction
 
-    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._fix(state)
-
-    def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self._fix(state)
+    on_epoch_end = on_step_end
 
 
-def _by_progress(
-    f: Callable[..., float], progress: Callable[[], float], total: int
-) -> Callable[[int], float]:
-    """The schedule ``f`` of the optimizer step, evaluated at ``progress * total`` instead."""
-
-    def multiplier(_step: int) -> float:  # a plain function: LambdaLR.state_dict does not save it
-        return f(progress() * total)
-
-    return multiplier
+def _by_progress(f: Callable[..., float], ds: InfoBatch, total: int) -> Callable[[int], float]:
+    """The schedule ``f`` evaluated at ``ds.progress * total``, not at the optimizer step (a function:
+    ``LambdaLR.state_dict`` does not save it)."""
+    return lambda _step: f(ds.progress * total)
 
 
 class LeanbatchMixin(_Base):
@@ -168,7 +150,6 @@ class LeanbatchMixin(_Base):
         self._lb_round = 0  # samples the processes train together per micro-batch
         self._lb_first_epoch: int | None = None
         self._lb_updates_per_epoch = 1
-        self._lb_selection_loss = _SelectionLoss(self._loss_shifts_labels)
         self._lb_carry = carry_scores
         self._lb_carried: Any = None  # the wrapped model the carrier was tried on
         self.score_carrier: ScoreCarrier | None = None  # with carry_scores under DDP: the scores' carrier
@@ -251,12 +232,7 @@ class LeanbatchMixin(_Base):
         sb = self.selective_backprop
         if sb is None:
             return super().get_batch_samples(epoch_iterator, num_batches, device)
-        batches = []
-        for _ in range(num_batches):
-            try:
-                batches.append(next(epoch_iterator))
-            except StopIteration:
-                break
+        batches = list(islice(epoch_iterator, num_batches))
         if batches:
             progress, first = self._lb_position()
             self.model.train()  # the selection pass sees the model as the training pass will
@@ -265,14 +241,15 @@ class LeanbatchMixin(_Base):
 
     def _lb_position(self) -> tuple[float, int]:
         """(progress, index in its epoch of the next micro-batch), equal on every process."""
-        ds = self.infobatch
+        ds, step = self.infobatch, self.state.global_step
         if ds is None:
-            state = self.state
-            steps_done = state.global_step % self._lb_updates_per_epoch
-            return state.global_step / max(
-                1, state.max_steps
-            ), steps_done * self.args.gradient_accumulation_steps
+            batch = step % self._lb_updates_per_epoch * self.args.gradient_accumulation_steps
+            return step / max(1, self.state.max_steps), batch
         return ds.progress, ds.position.trained // max(1, self._lb_round)
+
+    def _lb_selection_loss(self, logits: Tensor, labels: Tensor, reduction: str = "none") -> Tensor:
+        """Selective Backprop's per-sequence loss (:mod:`leanbatch.losses`: 0 without a labelled token)."""
+        return sequence_losses(*token_losses(logits, labels, self._loss_shifts_labels))
 
     def _lb_select(self, sb: SelectiveBackprop, batch: Any, progress: float, batch_idx: int) -> Any:
         rows = batch.get(INDEX_KEY) if isinstance(batch, Mapping) else None
@@ -400,9 +377,7 @@ class LeanbatchMixin(_Base):
         ds = self.infobatch
         if ds is None or not ours or not isinstance(sched, LambdaLR) or getattr(sched, "_leanbatch", False):
             return sched  # metric-driven schedules (reduce_lr_on_plateau) need nothing
-        sched.lr_lambdas = [
-            _by_progress(f, lambda: ds.progress, num_training_steps) for f in sched.lr_lambdas
-        ]
+        sched.lr_lambdas = [_by_progress(f, ds, num_training_steps) for f in sched.lr_lambdas]
         sched._leanbatch = True  # type: ignore[attr-defined]
         return sched
 

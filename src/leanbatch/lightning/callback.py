@@ -115,20 +115,12 @@ class LeanBatchCallback(pl.Callback):
     @property
     def dataset(self) -> WithIndex:
         """The dataset for the train DataLoader: the InfoBatch's items, each with its index."""
-        if self._dataset is None:
-            raise AttributeError(
-                "lb.dataset needs infobatch=: with Selective Backprop alone keep your dataset"
-            )
-        return self._dataset
+        return _needed(self._dataset, "dataset")
 
     @property
     def sampler(self) -> EpochSampler:
         """The sampler for the train DataLoader: the InfoBatch plan, this rank's shard of it."""
-        if self._sampler is None:
-            raise AttributeError(
-                "lb.sampler needs infobatch=: with Selective Backprop alone keep your sampler"
-            )
-        return self._sampler
+        return _needed(self._sampler, "sampler")
 
     def dataloader(self, **kwargs: Any) -> DataLoader:
         """``DataLoader(lb.dataset, sampler=lb.sampler, **kwargs)`` (``batch_size``, ``num_workers``, ...).
@@ -378,3 +370,9 @@ class LeanBatchCallback(pl.Callback):
         if sb is not None:
             sb.load_state_dict(state_dict["selective_backprop"])
         self.select_time_s = float(state_dict.get("select_time_s", 0.0))
+
+
+def _needed(part: Any, name: str) -> Any:
+    if part is None:
+        raise AttributeError(f"lb.{name} needs infobatch=: with Selective Backprop alone keep your {name}")
+    return part

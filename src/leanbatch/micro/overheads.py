@@ -20,8 +20,10 @@ import multiprocessing as mp
 import os
 import time
 from collections.abc import Callable
+from itertools import islice
 from pathlib import Path
 from typing import Any
+from unittest.mock import patch
 
 import torch
 import torch.nn.functional as F
@@ -48,9 +50,13 @@ def resident_bytes() -> int:
         with open("/proc/self/statm") as f:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
-        import resource
+        return _max_rss()
 
-        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+
+def _max_rss() -> int:
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # kilobytes on Linux
 
 
 def _reset_peak() -> bool:
@@ -72,17 +78,24 @@ def _peak_bytes() -> int:
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
-    import resource
-
-    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024  # kilobytes on Linux
+    return _max_rss()
 
 
-def _fill_scores(ds: Any, n: int, seed: int = 0, chunk: int = 1 << 20) -> None:
-    """Exponentially distributed losses (skewed like real ones), written in chunks to keep memory flat."""
-    g = torch.Generator().manual_seed(seed)
+def _fill(tables: list[Any], n: int, chunk: int = 1 << 20) -> None:
+    """Exponentially distributed losses (skewed like real ones), written in chunks to keep memory flat;
+    a rank's sharded table (``ShardedScores``) takes the rows it owns."""
+    g = torch.Generator().manual_seed(0)
     for start in range(0, n, chunk):
         stop = min(n, start + chunk)
-        ds.scores.update(torch.arange(start, stop), torch.empty(stop - start).exponential_(generator=g))
+        losses = torch.empty(stop - start).exponential_(generator=g)
+        for t in tables:
+            part = getattr(t, "slice", None)  # a rank's slice (ShardedScores), or every index
+            if part is None:
+                t.update(torch.arange(start, stop), losses)
+                continue
+            first, end = part.rows_in(start, stop)
+            idx = part.indices(first, end)
+            t.update(idx, losses[idx - start])
 
 
 def _plan_one(n: int, repeats: int, policy: str, memory: bool) -> dict[str, Any]:
@@ -90,13 +103,13 @@ def _plan_one(n: int, repeats: int, policy: str, memory: bool) -> dict[str, Any]
     from leanbatch import InfoBatch
 
     warm = InfoBatch(range(4096), num_epochs=2, delta=1.0, seed=0, policy=policy)  # one-off set-up
-    _fill_scores(warm, 4096)
+    _fill([warm.scores], 4096)
     len(warm.sampler)
     del warm
     gc.collect()
     rss0 = resident_bytes()
     ds = InfoBatch(range(n), num_epochs=repeats + 2, prune_ratio=0.5, delta=1.0, seed=0, policy=policy)
-    _fill_scores(ds, n)
+    _fill([ds.scores], n)
     ds.scores.values  # noqa: B018 -- flushes queued writes before the clock starts
     gc.collect()
     rss_scores = resident_bytes()
@@ -125,40 +138,28 @@ def _plan_one(n: int, repeats: int, policy: str, memory: bool) -> dict[str, Any]
     }
 
 
-def _plan_child(n: int, repeats: int, policy: str, memory: bool, queue: Any) -> None:
+def _child(fn: Callable[..., Any], args: tuple[Any, ...], queue: Any) -> None:
     try:
-        queue.put(_plan_one(n, repeats, policy, memory))
+        queue.put(fn(*args))
     except BaseException as e:  # report, never hang the parent
         queue.put({"error": f"{type(e).__name__}: {e}"})
 
 
-def _in_child(n: int, repeats: int, policy: str, memory: bool) -> dict[str, Any]:
+def _in_child(fn: Callable[..., Any], *args: Any, env: dict[str, str] | None = None) -> Any:
+    """``fn(*args)`` in a fresh (spawned) process started with ``env`` added to its environment;
+    ``{"error": ...}`` when it raised or the process died."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    proc = ctx.Process(target=_plan_child, args=(n, repeats, policy, memory, queue))
-    env = {}
-    if memory:
-        # A fixed glibc mmap threshold: freed large arrays go back to the system at once, so the
-        # resident set counts what is alive, not what the allocator keeps for reuse. Timing runs
-        # in its own child with the allocator's default behaviour, as users have it.
-        env["MALLOC_MMAP_THRESHOLD_"] = str(1 << 17)
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
+    proc = ctx.Process(target=_child, args=(fn, args, queue))
+    with patch.dict(os.environ, env or {}):  # what the child starts with, restored here after
         proc.start()
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                del os.environ[k]
-            else:
-                os.environ[k] = v
     try:
-        row: dict[str, Any] = queue.get()
+        out = queue.get()
     finally:
         proc.join()
-    if proc.exitcode not in (0, None) and "error" not in row:
-        row["error"] = f"subprocess exited with {proc.exitcode}"
-    return row
+    if proc.exitcode not in (0, None) and not (isinstance(out, dict) and "error" in out):
+        out = {"error": f"subprocess exited with {proc.exitcode}"}
+    return out
 
 
 def bench_plan(sizes: list[int], repeats: int = 3, policy: str = "infobatch") -> list[dict[str, Any]]:
@@ -175,9 +176,14 @@ def bench_plan(sizes: list[int], repeats: int = 3, policy: str = "infobatch") ->
     rows = []
     for n in sizes:
         row: dict[str, Any] = {"num_samples": n, "policy": policy}
-        row.update(_in_child(n, repeats, policy, memory=False))
+        row.update(_in_child(_plan_one, n, repeats, policy, False))
         if "error" not in row:
-            row.update(_in_child(n, repeats, policy, memory=True))
+            # A fixed glibc mmap threshold: freed large arrays go back to the system at once, so the
+            # resident set counts what is alive, not what the allocator keeps for reuse. Timing runs
+            # in its own child with the allocator's default behaviour, as users have it.
+            row.update(
+                _in_child(_plan_one, n, repeats, policy, True, env={"MALLOC_MMAP_THRESHOLD_": "131072"})
+            )
         rows.append(row)
     return rows
 
@@ -228,24 +234,19 @@ def bench_update(num_samples: int, batch_size: int, steps: int, device: str = "c
 
     def fresh() -> Any:
         ds = InfoBatch(range(num_samples), num_epochs=1000, prune_ratio=0.5, delta=1.0, seed=0)
-        _fill_scores(ds, num_samples)
+        _fill([ds.scores], num_samples)
         return ds
 
     ds_explicit, ds_implicit = fresh(), fresh()
     scores = torch.rand(num_samples, device=dev)
-    epoch = 0
 
-    def prepare() -> tuple[list[Tensor], Tensor]:
-        """Plan the next epoch of both wrappers; serve ds_implicit's samples as a loader would."""
-        nonlocal epoch
-        epoch += 1
+    def prepare(epoch: int) -> tuple[list[Tensor], Tensor]:
+        """Plan ``epoch`` of both wrappers; serve ds_implicit's samples as a loader would."""
         ds_explicit.set_epoch(epoch)
         order = torch.tensor(list(ds_explicit.sampler), dtype=torch.int64)
         ds_implicit.set_epoch(epoch)
-        it = iter(ds_implicit.sampler)
         n = min(steps, order.numel() // batch_size)
-        for _ in range(n * batch_size):
-            next(it)
+        list(islice(ds_implicit.sampler, n * batch_size))  # served, as a loader would fetch them
         batches = [order[i * batch_size : (i + 1) * batch_size].to(dev) for i in range(n)]
         weights = ds_explicit.sampler.plan().weights_on(dev)
         assert weights is not None
@@ -261,7 +262,7 @@ def bench_update(num_samples: int, batch_size: int, steps: int, device: str = "c
 
     best: dict[str, float] = {}
     for r in range(8):
-        batches, weights = prepare()
+        batches, weights = prepare(r + 1)
         for label, fn in _update_variants(ds_explicit, ds_implicit, scores, weights).items():
             t = block(fn, batches)
             if r > 0:  # the first round warms up
@@ -328,33 +329,24 @@ def bench_select(batch_size: int, steps: int, device: str = "cpu") -> list[dict[
         _sync(dev)
         return (time.perf_counter() - t0) / steps * 1e3
 
-    rows: list[dict[str, Any]] = []
-    full = timed(lambda: step(x, y))
-    rows.append({"what": f"training step, full batch of {batch_size}", "ms": full, "of_full_step": 1.0})
+    ms = {f"training step, full batch of {batch_size}": timed(lambda: step(x, y))}
     for scale in (0.5, 1.0):
         sb = SelectiveBackprop(start=0.0, end=1.0, keep=0.5, scale_factor=scale, interrupt=0, seed=0)
         sel = timed(lambda sb=sb: sb.select((x, y), model, F.cross_entropy, progress=0.5, batch_idx=0))
-        rows.append(
-            {"what": f"selection pass (scale {scale:g}, keep 0.5)", "ms": sel, "of_full_step": sel / full}
-        )
+        ms[f"selection pass (scale {scale:g}, keep 0.5)"] = sel
     half = batch_size // 2
-    part = timed(lambda: step(x[:half], y[:half]))
-    rows.append({"what": f"training step on the {half} selected", "ms": part, "of_full_step": part / full})
+    ms[f"training step on the {half} selected"] = timed(lambda: step(x[:half], y[:half]))
     sb = SelectiveBackprop(start=0.0, end=1.0, keep=0.5, scale_factor=0.5, interrupt=0, seed=0)
 
     def sb_step() -> None:
-        out = sb.select((x, y), model, F.cross_entropy, progress=0.5, batch_idx=0)
-        step(*out.batch)
+        step(*sb.select((x, y), model, F.cross_entropy, progress=0.5, batch_idx=0).batch)
 
-    total = timed(sb_step)
-    rows.append(
-        {"what": "Selective Backprop step (select at 0.5 + train)", "ms": total, "of_full_step": total / full}
-    )
+    ms["Selective Backprop step (select at 0.5 + train)"] = timed(sb_step)
     losses = torch.rand(batch_size, device=dev)
     gen = torch.Generator(device=dev).manual_seed(0)
-    rank = timed(lambda: select_indices(losses, 0.5, gen))
-    rows.append({"what": "rank rule alone (sort + Gumbel top-k)", "ms": rank, "of_full_step": rank / full})
-    return rows
+    ms["rank rule alone (sort + Gumbel top-k)"] = timed(lambda: select_indices(losses, 0.5, gen))
+    full = next(iter(ms.values()))
+    return [{"what": k, "ms": v, "of_full_step": v / full} for k, v in ms.items()]
 
 
 def format_select(rows: list[dict[str, Any]]) -> str:

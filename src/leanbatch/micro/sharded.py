@@ -11,37 +11,13 @@ scores in one table, for comparison. Each mode runs in a fresh subprocess.
 
 from __future__ import annotations
 
-import multiprocessing as mp
 from functools import partial
 from typing import Any
 
-import torch
-
 from leanbatch.checks import check_int
+from leanbatch.micro.overheads import _fill, _in_child
 
 __all__ = ["bench_plan_sharded", "format_plan_sharded"]
-
-
-def _fill(tables: list[Any], n: int, chunk: int = 1 << 20) -> None:
-    """Exponential scores (as ``micro plan``), each rank's table taking the rows it owns."""
-    g = torch.Generator().manual_seed(0)
-    for start in range(0, n, chunk):
-        stop = min(n, start + chunk)
-        losses = torch.empty(stop - start).exponential_(generator=g)
-        for t in tables:
-            part = getattr(t, "slice", None)  # a rank's slice (ShardedScores), or every index
-            if part is None:
-                t.update(torch.arange(start, stop), losses)
-                continue
-            first, end = part.rows_in(start, stop)
-            idx = part.indices(first, end)
-            t.update(idx, losses[idx - start])
-
-
-def _held(table: Any, plan: Any) -> tuple[int, int]:
-    scores = table.nbytes
-    kept = 0 if plan.kept is None else plan.kept.nbytes
-    return scores, kept + (0 if plan.weights is None else plan.weights.nbytes)
 
 
 def _measure(n: int, world: int, sharded: bool, repeats: int, policy: str) -> list[dict[str, Any]]:
@@ -73,7 +49,7 @@ def _measure(n: int, world: int, sharded: bool, repeats: int, policy: str) -> li
     rows = []
     plans = sim.run([partial(planned, r, repeats) for r in range(ranks)])
     for r, (t, plan) in enumerate(zip(tables, plans, strict=True)):
-        score_b, plan_b = _held(t, plan)
+        plan_b = sum(0 if x is None else x.nbytes for x in (plan.kept, plan.weights))
         rows.append(
             {
                 "num_samples": n,
@@ -81,20 +57,13 @@ def _measure(n: int, world: int, sharded: bool, repeats: int, policy: str) -> li
                 "sharded": sharded,
                 "rank": r,
                 "plan_s": best[r],
-                "score_bytes": score_b,
+                "score_bytes": t.nbytes,
                 "plan_bytes": plan_b,
                 "kept": plan.num_kept,
                 "policy": policy,
             }
         )
     return rows
-
-
-def _child(args: tuple[Any, ...], queue: Any) -> None:
-    try:
-        queue.put(_measure(*args))
-    except BaseException as e:  # report, never hang the parent
-        queue.put([{"num_samples": args[0], "sharded": args[2], "error": f"{type(e).__name__}: {e}"}])
 
 
 def bench_plan_sharded(
@@ -108,17 +77,11 @@ def bench_plan_sharded(
     check_int(world, "world", 1)
     check_int(repeats, "repeats", 1)
     rows: list[dict[str, Any]] = []
-    ctx = mp.get_context("spawn")
     for n in sizes:
         check_int(n, "each size", world)
         for sharded in (False, True):
-            queue = ctx.Queue()
-            proc = ctx.Process(target=_child, args=((n, world, sharded, repeats, policy), queue))
-            proc.start()
-            try:
-                rows.extend(queue.get())
-            finally:
-                proc.join()
+            out = _in_child(_measure, n, world, sharded, repeats, policy)
+            rows.extend([{"num_samples": n, "sharded": sharded, **out}] if isinstance(out, dict) else out)
     return rows
 
 

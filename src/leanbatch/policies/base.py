@@ -141,10 +141,8 @@ def keyed_drop(
     keyed_below(key, sl, cut, drop)
     drop &= candidates
     q_exact = m / _SCALE
-    if num_candidates < n or m == 0:  # something is always kept: no conditioning needed
-        return drop, _SCALE / (_SCALE - m)
-    p_empty = q_exact**n
-    if p_empty == 0.0:  # an all-dropped draw is impossible in float64 terms: the plain weight
+    p_empty = q_exact**n if num_candidates >= n else 0.0
+    if p_empty == 0.0:  # something is always kept (or an all-dropped draw is impossible in float64 terms)
         return drop, _SCALE / (_SCALE - m)
     if global_count(drop.numel() - int(torch.count_nonzero(drop)), sl) == 0:
         u = keyed_uniform(key, 1)
@@ -175,14 +173,10 @@ def plan_from_drop(
     kept = torch.empty(int(torch.count_nonzero(keep)), dtype=dtype)
     pos = 0
     for start in range(0, keep.numel(), _CHUNK):
-        part = torch.nonzero(keep[start : start + _CHUNK]).squeeze(1)  # int64 only per chunk
-        out = kept[pos : pos + part.numel()]
+        part = torch.nonzero(keep[start : start + _CHUNK]).squeeze(1).add_(start)  # int64 only per chunk
         if sl.world > 1:
-            part.add_(start).mul_(sl.world).add_(sl.rank)
-            out.copy_(part)
-        else:
-            out.copy_(part)
-            out += start
+            part.mul_(sl.world).add_(sl.rank)
+        kept[pos : pos + part.numel()] = part
         pos += part.numel()
     return Plan(epoch, sl.num_samples, kept, weights, threshold, True)
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import Tensor
 
-from leanbatch.checks import check_epochs, check_ratio
+from leanbatch.checks import check_epochs, check_ratio, check_real, check_seed
 from leanbatch.permutation import KeyedPermutation, mix_seed
 from leanbatch.policies.base import plan_from_keep, pruning_epochs
 from leanbatch.policies.keyed import draw_key
@@ -59,9 +59,12 @@ class _Budget:
             self.prune_ratio, "prune_ratio", "the share of all samples left out of each pruning epoch"
         )
 
-    def prunes(self, epoch: int) -> bool:
-        """Whether ``epoch`` (0-based) is a pruning epoch (before ``floor(delta * num_epochs)``)."""
-        return self.prune_ratio > 0 and epoch < pruning_epochs(self.num_epochs, self.delta)
+    shardable = True  # plans a rank's part of the index space (``scores``: a sharded table's Part)
+
+    def _budget(self, epoch: int, n: int) -> int:
+        """``k`` in a pruning epoch (before ``floor(delta * num_epochs)``) that leaves a sample out, else 0."""
+        k = budget_size(n, self.prune_ratio)
+        return k if k < n and epoch < pruning_epochs(self.num_epochs, self.delta) else 0
 
 
 @dataclass
@@ -101,16 +104,11 @@ class RS2Policy(_Budget):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
-            raise TypeError(f"seed must be an int, got {self.seed!r}")
-
-    def permutation(self, n: int, pass_index: int) -> KeyedPermutation:
-        """The order of pass ``pass_index`` over ``n`` samples (position -> index), keyed by ``(seed, pass)``."""
-        return KeyedPermutation(n, mix_seed(self.seed, pass_index, _RS2_TAG))
+        check_seed(self.seed)
 
     def _in_pass(self, sl: Slice, pass_index: int, lo: int, hi: int) -> Tensor:
-        """Bool mask of the local rows at positions ``[lo, hi)`` of pass ``pass_index``."""
-        perm = self.permutation(sl.num_samples, pass_index)
+        """Bool mask of the local rows at positions ``[lo, hi)`` of pass ``pass_index`` (keyed by ``(seed, pass)``)."""
+        perm = KeyedPermutation(sl.num_samples, mix_seed(self.seed, pass_index, _RS2_TAG))
         if sl.whole:  # forward on the positions: O(hi - lo)
             keep = torch.zeros(sl.num_samples, dtype=torch.bool)
             keep[perm(torch.arange(lo, hi))] = True
@@ -118,14 +116,12 @@ class RS2Policy(_Budget):
         pos = perm.inverse(sl.indices())  # backward on this rank's indices: O(N / world)
         return (pos >= lo) & (pos < hi)
 
-    shardable = True  # plans a rank's part of the index space (``scores``: a sharded table's Part)
-
     def __call__(self, scores: Tensor | Part, epoch: int, generator: torch.Generator) -> Plan:
         """The epoch's plan (``scores``: every sample's, or one rank's :class:`~leanbatch.policies.parts.Part`)."""
         scores, sl = split_part(scores)
         n = sl.num_samples
-        k = budget_size(n, self.prune_ratio)
-        if not self.prunes(epoch) or k >= n:
+        k = self._budget(epoch, n)
+        if not k:
             return full_plan(epoch, n)
         start, end = epoch * k, (epoch + 1) * k
         first, last = start // n, (end - 1) // n  # k <= n: at most two passes
@@ -173,12 +169,9 @@ class EpsilonGreedyPolicy(_Budget):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        e = self.epsilon
-        if isinstance(e, bool) or not isinstance(e, (int, float)) or not 0.0 <= e <= 1.0:
-            raise ValueError(f"epsilon must be in [0, 1] (the random share of the budget), got {e!r}")
-        m = self.ema
-        if m is not None and (isinstance(m, bool) or not isinstance(m, (int, float)) or not 0.0 <= m < 1.0):
-            raise ValueError(f"ema must be None (the last loss) or a momentum in [0, 1), got {m!r}")
+        check_real(self.epsilon, "epsilon", 0.0, 1.0, hint="the random share of the budget")
+        if self.ema is not None:
+            check_real(self.ema, "ema", 0.0, 1.0, high_open=True, hint="a momentum, or None: the last loss")
 
     def score_table_options(self) -> dict[str, Any]:
         """What the score table must keep for this rule (``InfoBatch`` builds its table with it)."""
@@ -203,14 +196,12 @@ class EpsilonGreedyPolicy(_Budget):
         """The score each sample is ranked by (higher = kept first); never scored = +inf."""
         return torch.nan_to_num(scores, nan=float("inf"))
 
-    shardable = True  # plans a rank's part of the index space (``scores``: a sharded table's Part)
-
     def __call__(self, scores: Tensor | Part, epoch: int, generator: torch.Generator) -> Plan:
         """The epoch's plan (``scores``: every sample's, or one rank's :class:`~leanbatch.policies.parts.Part`)."""
         scores, sl = split_part(scores)
         n = sl.num_samples
-        k = budget_size(n, self.prune_ratio)
-        if not self.prunes(epoch) or k >= n:
+        k = self._budget(epoch, n)
+        if not k:
             return full_plan(epoch, n)
         scores = scores.detach().to("cpu", torch.float32)
         if global_count(scores.numel() - int(torch.count_nonzero(torch.isnan(scores))), sl) == 0:
@@ -253,11 +244,7 @@ class UCBPolicy(EpsilonGreedyPolicy):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        c = self.c
-        if isinstance(c, bool) or not isinstance(c, (int, float)) or not c >= 0.0:
-            raise ValueError(
-                f"c must be a float >= 0 (the weight of the loss's standard deviation), got {c!r}"
-            )
+        check_real(self.c, "c", 0.0, allow_inf=True, hint="the weight of the loss's standard deviation")
         if self.ema is None:
             raise ValueError("UCBPolicy needs ema= (a momentum in [0, 1)): the mean and variance are EMAs")
 

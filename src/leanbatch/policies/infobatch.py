@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from leanbatch.checks import check_ratio
+from leanbatch.checks import check_ratio, check_real
 from leanbatch.policies.base import (
     Policy,
     check_common,
@@ -67,9 +67,8 @@ class _Rescaled:
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"{name} must be an int >= 0 (0 = off), got {v!r}")
-        w = self.max_weight
-        if w is not None and (isinstance(w, bool) or not isinstance(w, (int, float)) or not w >= 1.0):
-            raise ValueError(f"max_weight must be None (exact rescaling) or a float >= 1, got {w!r}")
+        if self.max_weight is not None:
+            check_real(self.max_weight, "max_weight", 1.0, allow_inf=True, hint="or None (exact rescaling)")
         check_ratio(
             self.max_drop,
             "max_drop",
@@ -91,15 +90,6 @@ class _Rescaled:
             return False
         return not (self.refresh_every and epoch % self.refresh_every == 0)
 
-    def _drops(self, num_scored: int, num_below: int) -> float:
-        """Expected number of samples dropped (the InfoBatch budget both policies share)."""
-        if self.target == "below":
-            return self.prune_ratio * num_below
-        return min(self.prune_ratio * num_scored, self.max_drop * num_below)
-
-    def _cap(self, w: float) -> float:
-        return w if self.max_weight is None else min(w, float(self.max_weight))
-
     shardable = True  # plans a rank's part of the index space (``scores``: a sharded table's Part)
 
     def __call__(self, scores: Tensor | Part, epoch: int, generator: torch.Generator) -> Plan:
@@ -116,7 +106,9 @@ class _Rescaled:
         below = scores < threshold  # NaN (never scored) compares False: always kept
         if uniform or self.target == "all":
             num_below = global_count(torch.count_nonzero(below), sl)
-            drops = self._drops(num_scored, num_below)
+            drops = self.prune_ratio * num_below  # the expected drops, the same for both policies
+            if self.target == "all":
+                drops = min(self.prune_ratio * num_scored, self.max_drop * num_below)
         if uniform:  # random pruning: the same expected drops, spread over every scored sample
             del below
             candidates, q, num_candidates = ~torch.isnan(scores), drops / num_scored, num_scored
@@ -125,7 +117,7 @@ class _Rescaled:
         else:
             candidates, q, num_candidates = below, (drops / num_below if num_below else 0.0), num_below
         drop, w = keyed_drop(candidates, q, draw_key(generator), sl, num_candidates)
-        weights = weights_where(candidates, self._cap(w))
+        weights = weights_where(candidates, w if self.max_weight is None else min(w, float(self.max_weight)))
         del candidates
         return plan_from_drop(epoch, drop, weights, threshold, sl)
 

@@ -226,7 +226,7 @@ def global_mean(scores: Tensor, sl: Slice) -> tuple[float | None, int]:
     """
     scores = scores.detach().reshape(-1)
     buf = torch.empty(min(_ROWS, max(1, scores.numel())), dtype=torch.float32)
-    nan, top, negative, nan_steps = _extent(scores, buf)
+    nan, top, negative = _extent(scores, buf)
     count = scores.numel() - nan
     if not sl.whole:  # counts, the largest magnitude as its float32 bits (order-preserving), a sign
         bits = torch.tensor([top], dtype=torch.float32).view(torch.int32).long()
@@ -239,7 +239,7 @@ def global_mean(scores: Tensor, sl: Slice) -> tuple[float | None, int]:
     if top == 0.0:
         return 0.0, count
     shift = _FIXED - int(torch.frexp(torch.tensor(top, dtype=torch.float32)).exponent)  # |x| < 2**exp
-    total = _fixed_sum(scores, buf, shift, negative, nan_steps)
+    total = _fixed_sum(scores, buf, shift, negative)
     if not sl.whole:  # in 32-bit limbs, so the sum over the ranks cannot overflow int64
         high, low = divmod(total, _LIMB)
         limbs = sl.comm.sum(torch.tensor([high, low], dtype=torch.int64))
@@ -248,23 +248,22 @@ def global_mean(scores: Tensor, sl: Slice) -> tuple[float | None, int]:
     return float(q), count
 
 
-def _extent(scores: Tensor, buf: Tensor) -> tuple[int, float, bool, set[int]]:
-    """``(NaN count, largest magnitude, any negative, the steps holding a NaN)``: one read of the scores."""
-    nan, top, negative, nan_steps = 0, 0.0, False, set()
+def _extent(scores: Tensor, buf: Tensor) -> tuple[int, float, bool]:
+    """``(NaN count, largest magnitude, any negative)``: one read of the scores."""
+    nan, top, negative = 0, 0.0, False
     for start in range(0, scores.numel(), _ROWS):
         part = scores[start : start + _ROWS]
         lo, hi = (float(v) for v in torch.aminmax(part))
         if math.isnan(lo) or math.isnan(hi):  # NaN (never scored) in this step: count, then skip them
-            nan_steps.add(start)
             nan += int(torch.count_nonzero(torch.isnan(part)))
             lo, hi = (
                 float(v) for v in torch.aminmax(torch.nan_to_num(part, nan=0.0, out=buf[: part.numel()]))
             )
         top, negative = max(top, -lo, hi), negative or lo < 0.0
-    return nan, top, negative, nan_steps
+    return nan, top, negative
 
 
-def _fixed_sum(scores: Tensor, buf: Tensor, shift: int, floor: bool, nan_steps: set[int]) -> int:
+def _fixed_sum(scores: Tensor, buf: Tensor, shift: int, floor: bool) -> int:
     """``sum(floor(x * 2**shift))`` over the finite scores, exact (Python integer).
 
     Truncation is the floor when no score (of any rank) is negative, and it costs less.
@@ -279,16 +278,8 @@ def _fixed_sum(scores: Tensor, buf: Tensor, shift: int, floor: bool, nan_steps: 
     total = 0
     for start in range(0, scores.numel(), _ROWS):
         part = scores[start : start + _ROWS]
-        b = buf[: part.numel()]
-        first = 0
-        if start in nan_steps:
-            torch.nan_to_num(part, nan=0.0, out=b)
-        elif steps:  # the first product reads the scores: one pass
-            torch.mul(part, steps[0], out=b)
-            first = 1
-        else:
-            b.copy_(part)
-        for f in steps[first:]:
+        b = torch.nan_to_num(part, nan=0.0, out=buf[: part.numel()])  # NaN (never scored) counts 0
+        for f in steps:
             b.mul_(f)
         if floor:
             b.floor_()

@@ -22,7 +22,7 @@ from leanbatch.permutation import KeyedPermutation, mix_seed
 
 __all__ = ["Plan", "full_plan"]
 
-_KEYS = ("epoch", "num_samples", "kept", "weights", "threshold", "pruning")
+_KEYS = ("epoch", "num_samples", "kept", "weights", "threshold", "pruning", "done")
 
 
 @dataclass(frozen=True)
@@ -129,10 +129,7 @@ class Plan:
             >>> Plan.from_state(full_plan(2, 5).state_dict(), num_samples=5).epoch
             2
         """
-        state = {k: getattr(self, k) for k in _KEYS}
-        if self.done:
-            state["done"] = self.done
-        return state
+        return {k: getattr(self, k) for k in _KEYS}
 
     @classmethod
     def from_state(cls, state: Any, num_samples: int, name: str = "plan") -> Plan:
@@ -187,21 +184,16 @@ def plan_fields(state: Any, n: int, name: str, rows: int, owner: tuple[int, int]
     threshold = state["threshold"]
     if threshold is not None and not (isinstance(threshold, (int, float)) and math.isfinite(threshold)):
         raise ValueError(f"{name}['threshold'] must be None or a finite number, got {threshold!r}")
-    done = state.get("done", 0)
+    done = state["done"]
     if isinstance(done, bool) or not isinstance(done, int) or not 0 <= done <= n:
         raise ValueError(f"{name}['done'] must be an int in [0, {n}], got {done!r}")
     listed = n if kept is None else int(kept.numel())
     if owner is None and done + listed > n:
         raise ValueError(f"{name} keeps {done + listed} samples of {n}")
-    return {
-        "epoch": epoch,
-        "num_samples": n,
-        "kept": kept,
-        "weights": weights,
-        "threshold": None if threshold is None else float(threshold),
-        "pruning": bool(state["pruning"]),
-        "done": done,
-    }
+    fields = {k: state[k] for k in _KEYS}  # checked above
+    return dict(
+        fields, threshold=None if threshold is None else float(threshold), pruning=bool(state["pruning"])
+    )
 
 
 def _valid_kept(kept: Any, n: int, owner: tuple[int, int] | None) -> bool:

@@ -29,14 +29,10 @@ _LOW = (1 << 32) - 1
 _BINS = 1 << 16
 
 
-def _check(sl: Slice) -> None:
-    if sl.num_samples > _LOW:
-        raise ValueError(f"top-k by key needs fewer than 2**32 samples, got {sl.num_samples}")
-
-
 def _with_index(high: Tensor, sl: Slice) -> Tensor:
     """``(high << 32) + 2**32 - 1 - index`` for the local rows (``high``: int32 order values)."""
-    _check(sl)
+    if sl.num_samples > _LOW:
+        raise ValueError(f"top-k by key needs fewer than 2**32 samples, got {sl.num_samples}")
     return (high.to(torch.int64) << 32).add_(_LOW).sub_(sl.indices())
 
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from leanbatch.checks import check_epochs, check_ratio
+from leanbatch.checks import check_epochs, check_ratio, check_real
 from leanbatch.policies.base import plan_from_keep, pruning_epochs
 from leanbatch.policies.budget import budget_size
 from leanbatch.policies.keyed import draw_key
@@ -81,13 +81,9 @@ def kmeans_boundaries(
         return None
     zero = torch.zeros(1, dtype=torch.float64)
     csum, csq = torch.cat([zero, torch.cumsum(x, 0)]), torch.cat([zero, torch.cumsum(x * x, 0)])
-    best: tuple[float, Tensor] | None = None
-    for _ in range(n_init):
-        bounds, inertia = _lloyd(x, csum, csq, _kmeans_plus_plus(x, num_groups, gen))
-        if best is None or inertia < best[0]:
-            best = (inertia, bounds)
-    assert best is not None
-    return best[1].to(values.dtype if values.is_floating_point() else torch.float32)
+    runs = [_lloyd(x, csum, csq, _kmeans_plus_plus(x, num_groups, gen)) for _ in range(n_init)]
+    bounds = min(runs, key=lambda run: run[1])[0]  # the lowest inertia (the first of equals)
+    return bounds.to(values.dtype if values.is_floating_point() else torch.float32)
 
 
 def _kmeans_plus_plus(x: Tensor, k: int, gen: torch.Generator) -> Tensor:
@@ -112,24 +108,17 @@ def _kmeans_plus_plus(x: Tensor, k: int, gen: torch.Generator) -> Tensor:
 
 def _lloyd(x: Tensor, csum: Tensor, csq: Tensor, centres: Tensor) -> tuple[Tensor, float]:
     """Lloyd's rounds on sorted ``x`` (clusters are intervals); boundaries and within-group sum of squares."""
-    m = x.numel()
     ends: Tensor | None = None
-    bounds = (centres[:-1] + centres[1:]) / 2
     for _ in range(100):
         bounds = (centres[:-1] + centres[1:]) / 2
         new_ends = torch.searchsorted(x, bounds, right=True)  # values <= a bound go to the lower group
+        cuts = torch.cat([torch.zeros(1, dtype=torch.long), new_ends, torch.tensor([x.numel()])])
+        counts = (cuts[1:] - cuts[:-1]).to(torch.float64)
+        sums = csum[cuts[1:]] - csum[cuts[:-1]]
         if ends is not None and torch.equal(new_ends, ends):
             break
         ends = new_ends
-        cuts = torch.cat([torch.zeros(1, dtype=torch.long), ends, torch.tensor([m])])
-        counts = (cuts[1:] - cuts[:-1]).to(torch.float64)
-        sums = csum[cuts[1:]] - csum[cuts[:-1]]
         centres = torch.sort(torch.where(counts > 0, sums / counts.clamp(min=1), centres)).values
-    cuts = torch.cat(
-        [torch.zeros(1, dtype=torch.long), torch.searchsorted(x, bounds, right=True), torch.tensor([m])]
-    )
-    counts = (cuts[1:] - cuts[:-1]).to(torch.float64)
-    sums = csum[cuts[1:]] - csum[cuts[:-1]]
     squares = csq[cuts[1:]] - csq[cuts[:-1]]
     inertia = float((squares - sums * sums / counts.clamp(min=1)).sum())
     return bounds, inertia
@@ -172,9 +161,9 @@ class SeTaPolicy:
         g = self.num_groups
         if isinstance(g, bool) or not isinstance(g, int) or g < 1:
             raise ValueError(f"num_groups must be an int >= 1, got {g!r}")
-        ws = self.window_scale
-        if isinstance(ws, bool) or not isinstance(ws, (int, float)) or not 0.0 < ws <= 1.0:
-            raise ValueError(f"window_scale must be in (0, 1], the share of groups kept, got {ws!r}")
+        ws = check_real(
+            self.window_scale, "window_scale", 0.0, 1.0, low_open=True, hint="the share of groups kept"
+        )
         if round(g * ws) < 1:
             raise ValueError(
                 f"window_scale={ws} keeps round({g} * {ws}) = 0 of the {g} groups: raise window_scale"
