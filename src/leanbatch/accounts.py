@@ -5,7 +5,7 @@ stores scores under, and weights, the ``indices`` it is given. Indices that are 
 (``torch.arange(len(x))``, an id column that is not the dataset index, one batch updated twice)
 would put scores on wrong samples without a word. An :class:`IndexAccount` counts, per dataset
 index, how often one :class:`~leanbatch.ledger.Iteration` served it (host side, one chunk at a
-time, as it is served) and how often an update named it (queued, then one ``index_add_`` every
+time, as it is served) and how often an update named it (queued, then one scatter-add every
 few thousand samples on the indices' own device, no host sync). The iteration is checked once, where it closes:
 
 - trained to its end: the indices trained must be, as a multiset, exactly those served, in
@@ -51,9 +51,9 @@ class IndexAccount:
     iteration's end (``False``: a sub-multiset, e.g. when some steps named no indices).
     """
 
-    __slots__ = ("served", "trained", "exact", "owner", "_queued", "_queued_n")
+    __slots__ = ("served", "trained", "exact", "owner", "_queued", "_versions", "_queued_n")
 
-    FOLD = 16384  # indices queued before one index_add_ folds them into the trained counts
+    FOLD = 16384  # indices queued before one scatter-add folds them into the trained counts
 
     def __init__(
         self, rows: int, untrained: Tensor, owner: tuple[int, int] | None = None, exact: bool = True
@@ -61,7 +61,8 @@ class IndexAccount:
         self.owner = owner
         self.served = torch.zeros(rows + 1, dtype=torch.int32)
         self.trained: Tensor | None = None  # on the device of the first indices trained
-        self._queued: list[tuple[Tensor, int]] = []  # named indices not counted yet, with their versions
+        self._queued: list[Tensor] = []  # named indices not counted yet
+        self._versions: list[int] = []  # ... and their version counters when queued
         self._queued_n = 0
         self.exact = exact
         self.serve(untrained)
@@ -77,33 +78,36 @@ class IndexAccount:
     def serve(self, indices: Tensor) -> None:
         """The iteration served ``indices`` (int64, CPU) next."""
         rows = self._rows(indices)
-        self.served.index_add_(0, rows, torch.ones(rows.shape, dtype=torch.int32))
+        self.served.scatter_add_(0, rows, torch.ones(rows.shape, dtype=torch.int32))
 
     def train(self, indices: Tensor) -> None:
         """An update named ``indices`` (int64, checked to be dataset indices; not modified in place
-        later): queued, and counted a few thousand at a time by one ``index_add_`` on their device
+        later): queued, and counted a few thousand at a time by one scatter-add on their device
         (asynchronous; moved to the device of the first update's indices if they differ)."""
-        self._queued.append((indices, indices._version))
+        self._queued.append(indices)
+        self._versions.append(indices._version)
         self._queued_n += indices.shape[0]
         if self._queued_n >= self.FOLD:
             self._fold()
 
     def _fold(self) -> None:
         """Count the queued indices into :attr:`trained` (no host sync)."""
-        queued, self._queued, self._queued_n = self._queued, [], 0
-        if any(t._version != v for t, v in queued):
+        queued, versions = self._queued, self._versions
+        self._queued, self._versions, self._queued_n = [], [], 0
+        if [t._version for t in queued] != versions:
             raise RuntimeError(
                 "an indices tensor passed to update() was modified in place before it was counted: "
                 "modify a copy (indices = indices.clone()) after calling update()"
             )
         if self.trained is None:
-            self.trained = torch.zeros(self.served.shape, dtype=torch.int32, device=queued[0][0].device)
-        trained = self.trained
-        dev = trained.device
-        rows = self._rows(
-            torch.cat([t if t.device == dev else t.to(dev, non_blocking=True) for t, _ in queued])
-        )
-        trained.index_add_(0, rows, torch.ones(rows.shape, dtype=torch.int32, device=dev))
+            self.trained = torch.zeros(self.served.shape, dtype=torch.int32, device=queued[0].device)
+        dev = self.trained.device
+        try:
+            named = torch.cat(queued).to(dev, non_blocking=True)
+        except RuntimeError:  # indices on several devices
+            named = torch.cat([t.to(dev, non_blocking=True) for t in queued])
+        rows = self._rows(named)
+        self.trained.scatter_add_(0, rows, torch.ones(rows.shape, dtype=torch.int32, device=dev))
 
     def close(self, epoch: int, whole: bool) -> None:
         """Check the account (one host sync): ``whole``, the iteration was trained to its end, so the

@@ -130,16 +130,17 @@ class Iteration:
         if self.account is not None:
             self.account.serve(indices)
 
-    def record(self, indices: Tensor | None, rows: int = 0, owner: tuple[int, int] | None = None) -> None:
-        """The next update names ``indices`` (the first opens the account: the table's ``rows`` and
-        ``owner``, see :class:`~leanbatch.accounts.IndexAccount`), or ``None``: some do not."""
+    def record(self, indices: Tensor | None, table: Any = None) -> None:
+        """The next update names ``indices`` (the first opens the account, counting the rows of the
+        score ``table``: see :class:`~leanbatch.accounts.IndexAccount`), or ``None``: some do not."""
+        account = self.account
         if indices is None:
-            if self.account is not None:
-                self.account.exact = False  # that step's samples are served, not counted as trained
+            if account is not None:
+                account.exact = False  # that step's samples are served, not counted as trained
         else:
-            if self.account is None:
-                self.account = IndexAccount(rows, self.peek(self.in_flight), owner)
-            self.account.train(indices)
+            if account is None:
+                account = self.account = IndexAccount(table.rows, self.peek(self.in_flight), table.owner)
+            account.train(indices)
 
     def close(self) -> None:
         """Check its account once, as it leaves the sampler (trained to its end, or left early)."""

@@ -364,7 +364,7 @@ class PrunedSampler(Sampler[int]):
             if n > it.in_flight:  # marked since it was prepared
                 raise ValueError(not_served("commit", n, it.in_flight))
             named = indices if self.shard or not self._distributed else None
-            it.record(named, self.scores.rows, self.scores.owner)
+            it.record(named, self.scores)
             it.mark(n)
             self._marked(it, n, gathered)
 
