@@ -87,11 +87,14 @@ def why_not(key: tuple[int, int, int], like: tuple[int, int, int] | None, none_s
     )
 
 
-def _first(warned: set[str], what: str) -> bool:
-    """Whether the warning ``what`` is given for the first time (noted in ``warned``)."""
-    first = what not in warned
-    warned.add(what)
-    return first
+def _once(
+    warned: set[str], what: str, message: str, stacklevel: int, category: type[Warning] = UserWarning
+) -> None:
+    """Give the warning ``what`` unless ``warned`` (the run's) holds it; ``stacklevel`` as seen by the
+    caller."""
+    if what not in warned:
+        warned.add(what)
+        warnings.warn(message, category, stacklevel=stacklevel + 1)
 
 
 def warn_past_end(warned: set[str], num_epochs: int, epoch: int) -> None:
@@ -104,28 +107,23 @@ def warn_past_end(warned: set[str], num_epochs: int, epoch: int) -> None:
         >>> "all 2 epochs" in str(w[0].message)
         True
     """
-    if not _first(warned, "past_end"):
-        return
-    warnings.warn(
+    message = (
         f"all {num_epochs} epochs (num_epochs={num_epochs}) are trained: epoch {epoch} serves nothing "
         "(training on would run at progress 1.0, where a ProgressLR schedule is at its end); build the "
-        "wrapper with num_epochs= the number of epochs you train",
-        RuntimeWarning,
-        stacklevel=4,
+        "wrapper with num_epochs= the number of epochs you train"
     )
+    _once(warned, "past_end", message, 4, RuntimeWarning)
 
 
 def warn_skipped(warned: set[str], epoch: int, next_epoch: int, num_epochs: int) -> None:
     """Warn (once per run) that ``set_epoch(epoch)`` skips untrained epochs from ``next_epoch`` on."""
-    if not _first(warned, "skip"):
-        return
     skipped = f"epoch {next_epoch}" if epoch == next_epoch + 1 else f"epochs {next_epoch} .. {epoch - 1}"
-    warnings.warn(
+    message = (
         f"set_epoch({epoch}) skips {skipped}, which trained nothing: epochs are 0-based (for epoch in "
         f"range({num_epochs}): ds.set_epoch(epoch)); a 1-based loop skips epoch 0 and its warm-up and "
-        "trains nothing in its last epoch",
-        stacklevel=3,
+        "trains nothing in its last epoch"
     )
+    _once(warned, "skip", message, 3)
 
 
 def warn_stale_len(warned: set[str], finished: int, read: int, epoch: int, length: int) -> None:
@@ -138,14 +136,12 @@ def warn_stale_len(warned: set[str], finished: int, read: int, epoch: int, lengt
         >>> "ds.set_epoch(epoch)" in str(w[0].message)
         True
     """
-    if not _first(warned, "stale_len"):
-        return
-    warnings.warn(
+    message = (
         f"len() read after epoch {finished}'s last step gave {read} samples, epoch {finished}'s, but "
         f"epoch {epoch}, which begins now, serves {length}: with DataLoader worker processes (or any "
         "loader that reads ahead) the sampler cannot see that the loop's pass is over, so a length read "
         "between epochs is the finished epoch's, and a schedule built from it (OneCycleLR("
         "steps_per_epoch=len(loader))) has the wrong number of steps. Call ds.set_epoch(epoch) at the "
-        "top of each epoch, before reading len(loader)",
-        stacklevel=4,
+        "top of each epoch, before reading len(loader)"
     )
+    _once(warned, "stale_len", message, 4)
