@@ -158,3 +158,10 @@ def test_augmentation_crops_and_flips_each_image_of_its_own() -> None:
         found.append(matches[0])
     assert {f for f, _, _ in found} == {False, True} and len({(dy, dx) for _, dy, dx in found}) > b // 2
     assert torch.equal(out, augment(x, torch.Generator().manual_seed(0)))  # the generator decides
+
+
+def test_an_unknown_lr_rule_is_refused_when_the_config_is_built() -> None:
+    """Any lr_rule but "scaled" once trained silently as "same" (a misspelt "scale" included)."""
+    with pytest.raises(ValueError, match=r"lr_rule must be one of 'same', 'scaled', got 'scale'"):
+        TrainConfig(lr_rule="scale")
+    assert TrainConfig(lr_rule="scaled").lr_rule == "scaled"

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from leanbatch.checks import check_choice
 from leanbatch.tasks.images.data import DataSplit
 from leanbatch.tasks.images.models import CompactResNet, SmallCNN, build_model, default_model_name
 
@@ -57,6 +58,9 @@ class TrainConfig:
     flush_denormal: bool = True
     histogram_epochs: int = 3  # how many pruning epochs get a loss-histogram snapshot
     lr_rule: str = "same"  # see LR_RULES: the LR of a step that trains fewer rows than batch_size
+
+    def __post_init__(self) -> None:
+        check_choice(self.lr_rule, "lr_rule", LR_RULES, "how a step's LR follows the rows it trains")
 
     def resolved_model(self, data: DataSplit) -> str:
         """The model's name: ``model``, or the default for ``data``'s images."""
