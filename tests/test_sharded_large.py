@@ -74,7 +74,7 @@ def test_an_index_above_2_to_the_24_survives_scores_fates_serving_and_state():
     left = gathered["sampler"]["plan"]["kept"].long()  # the continuation: the kept samples not trained yet
     assert (
         torch.equal(left, ref_kept[~torch.isin(ref_kept, trained)])
-        and gathered["sampler"]["plan"]["done"] == 16
+        and gathered["sampler"]["plan"]["trained_before"] == 16
     )
     for rank in range(3):  # re-sharded for 3 ranks: each its own high indices, scores and weights
         part = shard_state(gathered, 3, rank)

@@ -417,7 +417,7 @@ class PrunedSampler(Sampler[int]):
             epoch, live = self.position.epoch, self._live()
             position = live.order_position if live is not None else self._next()[1]
             plan = latest.plan if latest is not None else self._plan
-            keep = plan is not None and plan.epoch == epoch and (position > 0 or plan.done > 0)
+            keep = plan is not None and plan.epoch == epoch and (position > 0 or plan.trained_before > 0)
             plan, finished = (plan if keep else None), False
         where = (epoch, position, finished, self._world_rank()[0])
         return write_state(self.seed, self.scores.num_samples, where, plan, self.epoch_stats, self.limit)

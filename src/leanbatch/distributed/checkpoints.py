@@ -10,7 +10,7 @@ unsharded state itself and cuts its own part out).
 Mid-epoch, what was trained is reconstructed from the plan, the seed, the epoch and each old
 rank's position (each rank served its kept list in a keyed order). The resumed epoch is a
 *continuation plan*: it keeps the samples not trained yet, with the same weights, and counts
-the trained ones in ``done``, so every kept sample is trained once in the epoch whatever the
+the trained ones in ``trained_before``, so every kept sample is trained once in the epoch whatever the
 new world, and the position and progress carry on. Later epochs are planned as usual, so
 they equal the uninterrupted run's.
 
@@ -90,7 +90,7 @@ def gather_states(states: Sequence[dict[str, Any]]) -> dict[str, Any]:
     if any(s.get("plan") is None for _, s in by_rank):
         raise ValueError("a rank's state mid-epoch has no plan while another rank's has one")
     plans = [ShardedPlan.from_state(s["plan"], n, "state_dict['sampler']['plan']") for _, s in by_rank]
-    left, trained = [], plans[0].done
+    left, trained = [], plans[0].trained_before
     for (_, s), plan in zip(by_rank, plans, strict=True):
         rest, done = _untrained(plan, s["seed"], plan.order_length if s["finished"] else s["position"])
         left.append(rest)
@@ -135,7 +135,7 @@ def shard_state(state: dict[str, Any], world: int, rank: int, drop_last: bool = 
     if sampler.get("plan") is not None and not sampler["finished"]:
         plan = Plan.from_state(sampler["plan"], n, "state_dict['sampler']['plan']")
         rest, done = _untrained(plan, sampler["seed"], sampler["position"])
-        mine = _resumed(mine, _cut(plan, rest, plan.done + done, world, rank, drop_last))
+        mine = _resumed(mine, _cut(plan, rest, plan.trained_before + done, world, rank, drop_last))
     return {"version": 2, "scores": out, "sampler": mine}
 
 
@@ -202,6 +202,6 @@ def _cut(plan: Plan, rest: Tensor, done: int, world: int, rank: int, drop_last: 
 
 def _resumed(sampler: dict[str, Any], plan: Plan) -> dict[str, Any]:
     """The sampler state that resumes ``plan`` at its start (finished if nothing is left)."""
-    if plan.num_kept == plan.done:  # everything trained: the epoch is over
+    if plan.num_kept == plan.trained_before:  # everything trained: the epoch is over
         return dict(sampler, finished=True, position=0, plan=None)
     return dict(sampler, finished=False, position=0, plan=plan.state_dict())

@@ -220,7 +220,7 @@ class ShardedPlan(Plan):
     @property
     def num_kept(self) -> int:
         """Kept samples over every rank (and those trained before a continuation plan)."""
-        return self.done + sum(self.counts)
+        return self.trained_before + sum(self.counts)
 
     @property
     def order_length(self) -> int:
@@ -232,7 +232,7 @@ class ShardedPlan(Plan):
         step = min(position, self.order_length) // self.world  # each rank's samples served
         ordered, prefix = self._prefix
         below = bisect.bisect_left(ordered, step)  # ranks with fewer than `step` kept
-        return self.done + prefix[below] + step * (len(ordered) - below)
+        return self.trained_before + prefix[below] + step * (len(ordered) - below)
 
     def inside(self, origin: int, rank: int, world: int) -> int:
         """Positions ``origin + rank + k * world`` that hold a kept sample of ``rank``, not padding."""

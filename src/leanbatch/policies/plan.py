@@ -2,9 +2,9 @@
 
 A plan holds every kept index and one weight per dataset index; the epoch's global order is a
 keyed permutation of its kept list (position ``p`` serves ``kept[perm(p mod K)]``), split
-between ranks position by position by the sampler. A *continuation* plan (``done > 0``) serves
+between ranks position by position by the sampler. A *continuation* plan (``trained_before > 0``) serves
 what an interrupted epoch had not trained yet: its kept list holds those samples only, and
-``done`` counts the ones trained before it (see :mod:`leanbatch.distributed.checkpoints`).
+``trained_before`` counts the ones trained before it (see :mod:`leanbatch.distributed.checkpoints`).
 A sharded run's plans hold one rank's part (:class:`~leanbatch.distributed.shards.ShardedPlan`).
 """
 
@@ -22,7 +22,7 @@ from leanbatch.permutation import KeyedPermutation, mix_seed
 
 __all__ = ["Plan", "full_plan"]
 
-_KEYS = ("epoch", "num_samples", "kept", "weights", "threshold", "pruning", "done")
+_KEYS = ("epoch", "num_samples", "kept", "weights", "threshold", "pruning", "trained_before")
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class Plan:
         weights: float32 loss weight per dataset index, shape (N,), or ``None`` for all 1.
         threshold: the pruning threshold (mean score) or ``None`` when not pruning.
         pruning: whether this epoch prunes.
-        done: samples of the epoch trained before this plan's kept list (a continuation plan).
+        trained_before: samples of the epoch trained before this plan's kept list (a continuation plan).
 
     Example:
         >>> p = full_plan(0, 10)
@@ -50,7 +50,7 @@ class Plan:
     weights: Tensor | None
     threshold: float | None
     pruning: bool
-    done: int = 0
+    trained_before: int = 0
     _on_device: dict[torch.device, Tensor] = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -61,7 +61,7 @@ class Plan:
     @property
     def num_kept(self) -> int:
         """Samples kept this epoch, those trained before a continuation plan included."""
-        return self.done + self.num_listed
+        return self.trained_before + self.num_listed
 
     @property
     def num_pruned(self) -> int:
@@ -74,8 +74,8 @@ class Plan:
         return self.num_listed
 
     def kept_before(self, position: int) -> int:
-        """Kept samples trained (``done`` included) once the order stands at ``position``."""
-        return self.done + min(self.num_listed, position)
+        """Kept samples trained (``trained_before`` included) once the order stands at ``position``."""
+        return self.trained_before + min(self.num_listed, position)
 
     def inside(self, origin: int, rank: int, world: int) -> int:
         """Positions ``origin + rank + k * world`` that hold a kept sample, not padding."""
@@ -184,9 +184,9 @@ def plan_fields(state: Any, n: int, name: str, rows: int, owner: tuple[int, int]
     threshold = state["threshold"]
     if threshold is not None and not (isinstance(threshold, (int, float)) and math.isfinite(threshold)):
         raise ValueError(f"{name}['threshold'] must be None or a finite number, got {threshold!r}")
-    done = state["done"]
+    done = state["trained_before"]
     if isinstance(done, bool) or not isinstance(done, int) or not 0 <= done <= n:
-        raise ValueError(f"{name}['done'] must be an int in [0, {n}], got {done!r}")
+        raise ValueError(f"{name}['trained_before'] must be an int in [0, {n}], got {done!r}")
     listed = n if kept is None else int(kept.numel())
     if owner is None and done + listed > n:
         raise ValueError(f"{name} keeps {done + listed} samples of {n}")
