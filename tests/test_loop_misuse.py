@@ -213,3 +213,21 @@ def test_an_iterable_dataset_is_refused_naming_what_works_on_streams() -> None:
 
     with pytest.raises(TypeError, match="SelectiveBackprop or leanbatch.OnlineBatchSelection"):
         InfoBatch(Stream(), num_epochs=2)
+
+
+def test_the_once_a_run_warnings_point_at_the_line_of_the_loop() -> None:
+    """Through the wrapper (``ds.set_epoch``) and through a DataLoader (``for x in loader``), a
+    warning names the loop's own line, not one of leanbatch's or torch's."""
+    ds = InfoBatch(TensorDataset(torch.arange(8.0)), num_epochs=1, seed=0)
+    with warnings.catch_warnings(record=True) as skip:
+        warnings.simplefilter("always")
+        ds.set_epoch(1)  # a 1-based loop: skips epoch 0
+    assert [(w.filename, "skips epoch 0" in str(w.message)) for w in skip] == [(__file__, True)]
+    ds = InfoBatch(TensorDataset(torch.arange(8.0)), num_epochs=1, seed=0)
+    for (x,) in DataLoader(ds, batch_size=8, sampler=ds.sampler):
+        ds.update(x)
+    with warnings.catch_warnings(record=True) as past:
+        warnings.simplefilter("always")
+        for _ in DataLoader(ds, batch_size=8, sampler=ds.sampler):
+            pass
+    assert [(w.filename, "all 1 epochs" in str(w.message)) for w in past] == [(__file__, True)]

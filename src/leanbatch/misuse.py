@@ -11,6 +11,7 @@ Example:
 
 from __future__ import annotations
 
+import sys
 import warnings
 
 __all__ = [
@@ -87,14 +88,20 @@ def why_not(key: tuple[int, int, int], like: tuple[int, int, int] | None, none_s
     )
 
 
-def _once(
-    warned: set[str], what: str, message: str, stacklevel: int, category: type[Warning] = UserWarning
-) -> None:
-    """Give the warning ``what`` unless ``warned`` (the run's) holds it; ``stacklevel`` as seen by the
-    caller."""
-    if what not in warned:
-        warned.add(what)
-        warnings.warn(message, category, stacklevel=stacklevel + 1)
+_OURS = ("leanbatch", "torch")  # packages whose frames a warning looks past
+
+
+def _once(warned: set[str], what: str, message: str, category: type[Warning] = UserWarning) -> None:
+    """Give the warning ``what`` unless ``warned`` (the run's) holds it, at the first line outside
+    leanbatch and torch (the user's ``set_epoch``, ``len(loader)``, ``for batch in loader``), however
+    many frames of ours (the wrapper, the sampler) or of a DataLoader stand between."""
+    if what in warned:
+        return
+    warned.add(what)
+    frame, level = sys._getframe(1), 2  # the stacklevel of this function's caller
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").split(".")[0] in _OURS:
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)
 
 
 def warn_past_end(warned: set[str], num_epochs: int, epoch: int) -> None:
@@ -112,7 +119,7 @@ def warn_past_end(warned: set[str], num_epochs: int, epoch: int) -> None:
         "(training on would run at progress 1.0, where a ProgressLR schedule is at its end); build the "
         "wrapper with num_epochs= the number of epochs you train"
     )
-    _once(warned, "past_end", message, 4, RuntimeWarning)
+    _once(warned, "past_end", message, RuntimeWarning)
 
 
 def warn_skipped(warned: set[str], epoch: int, next_epoch: int, num_epochs: int) -> None:
@@ -123,7 +130,7 @@ def warn_skipped(warned: set[str], epoch: int, next_epoch: int, num_epochs: int)
         f"range({num_epochs}): ds.set_epoch(epoch)); a 1-based loop skips epoch 0 and its warm-up and "
         "trains nothing in its last epoch"
     )
-    _once(warned, "skip", message, 3)
+    _once(warned, "skip", message)
 
 
 def warn_stale_len(warned: set[str], finished: int, read: int, epoch: int, length: int) -> None:
@@ -144,4 +151,4 @@ def warn_stale_len(warned: set[str], finished: int, read: int, epoch: int, lengt
         "steps_per_epoch=len(loader))) has the wrong number of steps. Call ds.set_epoch(epoch) at the "
         "top of each epoch, before reading len(loader)"
     )
-    _once(warned, "stale_len", message, 4)
+    _once(warned, "stale_len", message)
