@@ -173,7 +173,7 @@ def check_bool(value: Any, name: str) -> bool:
         False
     """
     if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {value!r}")
+        raise TypeError(f"{name} must be True or False, got {value!r}")
     return value
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from leanbatch.checks import check_per_sample_loss, check_saved_tensor, require
+from leanbatch.checks import check_bool, check_per_sample_loss, check_saved_tensor, require
 
 __all__ = ["ScoreTable"]
 
@@ -64,8 +64,7 @@ class ScoreTable:
             raise ValueError(f"num_samples must be a positive int, got {num_samples!r}")
         if ema is not None and not (isinstance(ema, (int, float)) and 0.0 <= float(ema) < 1.0):
             raise ValueError(f"ema must be None or a float in [0, 1), got {ema!r}")
-        if not isinstance(variance, bool):
-            raise TypeError(f"variance must be a bool, got {variance!r}")
+        check_bool(variance, "variance")
         if variance and ema is None:
             raise ValueError(
                 "variance=True keeps an exponentially weighted variance of the losses, which needs the EMA "

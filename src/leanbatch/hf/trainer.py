@@ -31,6 +31,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import Sampler
 from transformers import Trainer, TrainerCallback
 
+from leanbatch.checks import check_bool
 from leanbatch.distributed import ScoreCarrier, carry_if_ddp
 from leanbatch.hf.checks import check_setup, wrap_train_dataset
 from leanbatch.hf.data import INDEX_KEY, IndexCollator, IndexedDataset, Rows
@@ -136,8 +137,7 @@ class LeanbatchMixin(_Base):
         carry_scores: bool = False,
         **kwargs: Any,
     ):
-        if not isinstance(carry_scores, bool):
-            raise TypeError(f"carry_scores must be True or False, got {carry_scores!r}")
+        check_bool(carry_scores, "carry_scores")
         super().__init__(*args, **kwargs)
         if infobatch is not None:  # around the dataset as the trainer prepared it (trl tokenizes in __init__)
             wrapped: Any = wrap_train_dataset(self, infobatch)

@@ -18,7 +18,7 @@ import lightning.pytorch as pl
 from torch import Tensor
 from torch.utils.data import DataLoader
 
-from leanbatch.checks import check_per_sample_loss
+from leanbatch.checks import check_bool, check_per_sample_loss
 from leanbatch.distributed import ScoreCarrier, carry_if_ddp
 from leanbatch.indexed import WithIndex, join_index, split_index
 from leanbatch.infobatch import InfoBatch
@@ -96,10 +96,8 @@ class LeanBatchCallback(pl.Callback):
             )
         self.infobatch = infobatch
         self.selective_backprop = selective_backprop
-        if not isinstance(carry_scores, bool):
-            raise TypeError(f"carry_scores must be True or False, got {carry_scores!r}")
         self.index_key = index_key
-        self.carry_scores = carry_scores
+        self.carry_scores = check_bool(carry_scores, "carry_scores")
         self.log_stats = bool(log_stats)
         self._dataset = None if infobatch is None else WithIndex(infobatch, index_key)
         self._sampler = None if infobatch is None else EpochSampler(infobatch.sampler, infobatch.num_epochs)
