@@ -37,7 +37,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.context import get_spawning_popen
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -45,6 +45,9 @@ from torch import Tensor
 from leanbatch.accounts import IndexAccount
 from leanbatch.misuse import size_error, why_not
 from leanbatch.policies.plan import Plan
+
+if TYPE_CHECKING:
+    from leanbatch.scores import ScoreTable
 
 __all__ = ["Fetches", "Iteration", "Key", "Serving", "Step", "front"]
 
@@ -130,7 +133,7 @@ class Iteration:
         if self.account is not None:
             self.account.serve(indices)
 
-    def record(self, indices: Tensor | None, table: Any = None) -> None:
+    def record(self, indices: Tensor | None, table: ScoreTable | None = None) -> None:
         """The next update names ``indices`` (the first opens the account, counting the rows of the
         score ``table``: see :class:`~leanbatch.accounts.IndexAccount`), or ``None``: some do not."""
         account = self.account
@@ -139,6 +142,7 @@ class Iteration:
                 account.exact = False  # that step's samples are served, not counted as trained
         else:
             if account is None:
+                assert table is not None, "the first update that names indices opens the account"
                 account = self.account = IndexAccount(table.rows, self.peek(self.in_flight), table.owner)
             account.train(indices)
 

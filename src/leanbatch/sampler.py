@@ -186,9 +186,11 @@ class PrunedSampler(Sampler[int]):
             epoch, start = self._cursor
         # Keep only iterations that ran to their end with samples still in flight (a consumer
         # that reads ahead across the epoch boundary); an abandoned one's read-ahead is gone.
-        kept = deque(x for x in self._its if x.ran_out and not x.done)
-        for x in self._its:  # the rest leave: trained to their end (checked then) or left early
-            if x.done or not x.ran_out:
+        kept: deque[Iteration] = deque()
+        for x in self._its:
+            if x.ran_out and not x.done:
+                kept.append(x)
+            else:  # it leaves: trained to its end (checked then) or left early
                 x.close()
         if len(kept) < len(self._its) or not kept:
             self.fetches.clear(workers=not kept)  # an abandoned iteration's fetches are never trained
@@ -385,16 +387,15 @@ class PrunedSampler(Sampler[int]):
         nxt = now.epoch + int(now.trained > 0)
         if nxt < epoch and nxt < self.num_epochs:
             warn_skipped(self._warned, epoch, nxt, self.num_epochs)
+        self.merge()  # on every rank, before a closing iteration's check can raise
         it = self._its[-1] if self._its else None
         if it is None:
             if epoch != self._cursor[0]:
                 self._cursor = (epoch, 0)
         elif epoch != it.epoch or it.ran_out or it.done:
-            self.merge()  # on every rank before a check can raise
             while self._its:
                 self._its.popleft().close()  # the indices trained must be part of those served
             self._cursor = (epoch, 0)
-        self.merge()
 
     def merge(self) -> None:
         """Merge what every rank trained since the last merge (a collective in a distributed run: call
