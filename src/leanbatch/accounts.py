@@ -5,8 +5,9 @@ stores scores under, and weights, the ``indices`` it is given. Indices that are 
 (``torch.arange(len(x))``, an id column that is not the dataset index, one batch updated twice)
 would put scores on wrong samples without a word. An :class:`IndexAccount` counts, per dataset
 index, how often one :class:`~leanbatch.ledger.Iteration` served it (host side, one chunk at a
-time, as it is served) and how often an update named it (queued, then one scatter-add every
-few thousand samples on the indices' own device, no host sync). The iteration is checked once, where it closes:
+time, as it is served) and how often an update named it (queued, then one scatter-add every few
+thousand samples on the indices' own device, no host sync). The iteration is checked once, where
+it closes:
 
 - trained to its end: the indices trained must be, as a multiset, exactly those served, in
   whatever batches and order (a batch sampler may regroup them);

@@ -202,7 +202,7 @@ class InfoBatch(Dataset):
 
         Returns:
             ``mean(loss * weight)``: the InfoBatch-rescaled loss to backpropagate, reduced in
-            float32 (fp16 and bf16 losses come back as float32). Inside ``torch.compile`` the call is a graph break (it runs eagerly).
+            float32 (fp16 and bf16 losses come back as float32); a graph break inside ``torch.compile``.
 
         Example:
             >>> import torch

@@ -169,7 +169,8 @@ class Iteration:
         raise AssertionError("key() of samples not served")
 
     def take(self, n: int) -> Tensor:
-        """:meth:`peek` the dataset indices of the next ``n`` served samples and :meth:`mark` them (one step)."""
+        """:meth:`peek` the dataset indices of the next ``n`` served samples and :meth:`mark` them
+        (one step)."""
         trained = self.trained
         if trained + n < self.head_end:  # the common step: inside one chunk, which stays
             self.trained = trained + n
