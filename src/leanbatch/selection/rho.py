@@ -55,14 +55,10 @@ class ReducibleScores(Source):
         self.runs_model = source.runs_model
 
     def check_batch(self, rows: Rows, loss_fn: Any) -> None:
+        # The dataset's length is not known here, so each batch is checked: on the CPU (where a
+        # DataLoader yields indices) by a min/max; on an accelerator by a device-side assert (no sync).
         why = "RhoLoss subtracts each row's irreducible loss, looked up by dataset index"
-        self._check_range(check_row_indices(rows, why))
-        self.source.check_batch(rows, loss_fn)
-
-    def _check_range(self, indices: Tensor) -> None:
-        """Every index must have an irreducible loss. The dataset's length is not known here, so
-        each batch is checked: on the CPU (where a DataLoader yields indices) by a min/max that
-        reads no device; on an accelerator by a device-side assert, so no host sync per step."""
+        indices = check_row_indices(rows, why)
         if indices.is_floating_point() or indices.dtype == torch.bool:
             raise TypeError(f"indices must be an integer tensor of dataset indices, got {indices.dtype}")
         n = int(self.irreducible.shape[0])
@@ -70,16 +66,15 @@ class ReducibleScores(Source):
             f"indices must be in [0, {n}). irreducible must hold one loss per dataset sample: the holdout "
             "model's loss on every sample of the whole training set, shape (len(train_dataset),)"
         )
-        if indices.numel() == 0:
-            return
-        if indices.device.type != "cpu":
+        if indices.numel() and indices.device.type != "cpu":
             msg = f"irreducible holds {n} losses but a dataset index of the batch has none: {fix}"
             torch._assert_async(((indices >= 0) & (indices < n)).all(), msg)
-            return
-        lo, hi = (int(v) for v in torch.aminmax(indices))
-        if lo < 0 or hi >= n:
-            seen = f"the largest index of the batch is {hi}" if hi >= n else f"the batch has index {lo}"
-            raise IndexError(f"irreducible holds {n} losses but {seen}: {fix}")
+        elif indices.numel():
+            lo, hi = (int(v) for v in torch.aminmax(indices))
+            if lo < 0 or hi >= n:
+                seen = f"the largest index of the batch is {hi}" if hi >= n else f"the batch has index {lo}"
+                raise IndexError(f"irreducible holds {n} losses but {seen}: {fix}")
+        self.source.check_batch(rows, loss_fn)
 
     def check(self, rows: Rows, model: Any, loss_fn: Any) -> None:
         self.source.check(rows, model, loss_fn)
@@ -93,8 +88,7 @@ class ReducibleScores(Source):
 
 
 def _irreducible(value: Any) -> Tensor:
-    """``value`` (a tensor, list or numpy array) as a finite float32 tensor ``(N,)`` (read once,
-    at construction)."""
+    """``value`` (a tensor, list or numpy array) as a finite float32 tensor ``(N,)``."""
     if not isinstance(value, Tensor):
         try:
             value = torch.as_tensor(value, dtype=torch.float32)
