@@ -25,7 +25,7 @@ keeps the chosen rows that fall in its own slice ``[rank * n, (rank + 1) * n)``.
   (``K`` rows chosen over the group): DDP's average of that is the mean over the chosen rows.
 - **Equal batch sizes.** Every rank must pass the same number of rows at each step (as
   ``DistributedSampler``, leanbatch's sampler and accelerate's even batches do). It is checked
-  once, at the first global draw (:func:`check_sizes`): checking every step would cost a second
+  once, at the first global draw (:meth:`Scope.choose`): checking every step would cost a second
   read, and a gather of unequal sizes does not fail cleanly (gloo aborts one process and leaves
   garbage in the other's result).
 - The scores are gathered on their own device: under NCCL keep them on the GPU.
@@ -51,9 +51,8 @@ from leanbatch.ranks import is_distributed, process_rank, world_size
 from leanbatch.rng import Generators
 from leanbatch.selection.rules import Draw, Rule
 
-__all__ = ["SCOPES", "Scope", "check_sizes", "gather"]
+__all__ = ["Scope", "gather"]
 
-SCOPES = ("local", "global")
 _HINT = "'local' selects within each rank's batch, 'global' over the whole step's batch of the group"
 # all_gather_into_tensor is deprecated from PyTorch 2.13 in favour of all_gather_single
 _ALL_GATHER: Callable[..., Any] = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -75,23 +74,6 @@ def gather(tensor: Tensor, group: Any = None) -> Tensor:
     return out
 
 
-def check_sizes(n: int, device: torch.device, group: Any = None) -> None:
-    """Raise on every rank unless every rank of ``group`` passes ``n`` rows (a gather and a read:
-    a selector calls it once, at its first global draw).
-
-    Example:
-        >>> import torch
-        >>> check_sizes(8, torch.device("cpu"))  # one process: nothing to compare
-    """
-    sizes = gather(torch.tensor([n], dtype=torch.int64, device=device), group).tolist()
-    if any(s != n for s in sizes):  # every rank sees the same sizes: every rank raises
-        raise ValueError(
-            f"scope='global' ranks the rows of a whole step together, so every rank of the group must "
-            f"pass the same number of rows at each step; the ranks passed {sizes}: shard the data "
-            "into equal lengths (DistributedSampler) and drop or pad a short last batch"
-        )
-
-
 class Scope:
     """Where a selector makes its choice: ``"local"`` (each rank's batch) or ``"global"`` (the
     whole step's batch of ``group``, default the world); it draws and weighs the trained rows.
@@ -106,7 +88,7 @@ class Scope:
     """
 
     def __init__(self, scope: str = "local", group: Any = None):
-        self.name, self.group = str(check_choice(scope, "scope", SCOPES, _HINT)), group
+        self.name, self.group = str(check_choice(scope, "scope", ("local", "global"), _HINT)), group
         self._sizes_checked = False  # global: equal batch sizes, checked at the first global draw
         self._loss_scale: float | None = None  # None: the mean; global: W / K (0 for a filler row)
         self._trained = 0  # rows of the batch last returned
@@ -142,7 +124,13 @@ class Scope:
             self._trained = int(positions.shape[0])
             return positions, self._trained
         if not self._sizes_checked:
-            check_sizes(draw.n, draw.device, self.group)
+            sizes = gather(torch.tensor([draw.n], dtype=torch.int64, device=draw.device), self.group).tolist()
+            if any(s != draw.n for s in sizes):  # every rank sees the same sizes: every rank raises
+                raise ValueError(
+                    f"scope='global' ranks the rows of a whole step together, so every rank of the group must "
+                    f"pass the same number of rows at each step; the ranks passed {sizes}: shard the data "
+                    "into equal lengths (DistributedSampler) and drop or pad a short last batch"
+                )
             self._sizes_checked = True
         gen = generators.shared(draw.device, t) if rule.random else None
         positions, chosen, total = self._pick(rule, scores, draw._replace(generator=gen), w)
