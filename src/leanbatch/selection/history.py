@@ -142,19 +142,15 @@ class HistoryRule(Rule):
     def __init__(self, size: int = 1024, beta: float = 3.0):
         self.history = LossHistory(size, beta)
 
-    def drawn(self, scores: Tensor | None, draw: Draw, generator: torch.Generator | None) -> Tensor:
-        # reads the count: the one sync of selection, this rule's own
-        assert scores is not None
-        return self.history.sample(scores, generator, at_least_one=draw.at_least_one).nonzero().squeeze(1)
+    def positions(self, scores: Tensor | None, draw: Draw) -> Tensor:
+        return self.mask(scores, draw).nonzero().squeeze(1)  # reads the count: this rule's one sync
 
     def mask(self, scores: Tensor | None, draw: Draw) -> Tensor:
         assert scores is not None
         return self.history.sample(scores, self._ready(scores, draw), at_least_one=draw.at_least_one)
 
     def state_dict(self) -> dict[str, Any]:
-        """``{"history": the ring buffer's state}``."""
         return {"history": self.history.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore the ring buffer saved by :meth:`state_dict`."""
         self.history.load_state_dict(state["history"])

@@ -93,10 +93,12 @@ def _losses(losses: Any) -> Tensor:
     )
 
 
-def _draw(losses: Any, generator: Any) -> tuple[Tensor, Draw, torch.Generator]:
-    """Checked ``losses``, their :class:`Draw` and ``generator`` (checked) or the device's stream."""
+def _drawn(rule: Rule, losses: Any, generator: Any) -> Tensor:
+    """``rule``'s draw from checked ``losses`` with ``generator`` (checked) or the device's stream."""
     losses = _losses(losses)
-    return losses, Draw(losses.shape[0], losses.device), resolve_generator(generator, losses.device)
+    return rule.drawn(
+        losses, Draw(losses.shape[0], losses.device), resolve_generator(generator, losses.device)
+    )
 
 
 def select_indices(losses: Tensor, keep: float, generator: torch.Generator | None = None) -> Tensor:
@@ -112,8 +114,7 @@ def select_indices(losses: Tensor, keep: float, generator: torch.Generator | Non
         >>> select_indices(losses, keep=1.0).tolist()  # keep=1 keeps everything
         [0, 1, 2, 3, 4, 5]
     """
-    losses, draw, gen = _draw(losses, generator)
-    return RankRule(keep).drawn(losses, draw, gen)
+    return _drawn(RankRule(keep), losses, generator)
 
 
 def select_by_loss_rank(
@@ -130,9 +131,7 @@ def select_by_loss_rank(
         >>> select_by_loss_rank(torch.tensor([0.1, 9.0, 0.2, 8.0]), keep=0.5, pressure=1e6, generator=g).tolist()
         [1, 3]
     """
-    rule = LossRankRule(keep, pressure)
-    losses, draw, gen = _draw(losses, generator)
-    return rule.drawn(losses, draw, gen)
+    return _drawn(LossRankRule(keep, pressure), losses, generator)
 
 
 class Draw(NamedTuple):
