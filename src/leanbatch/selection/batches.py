@@ -185,10 +185,8 @@ class BatchAccumulator:
         total = self.pending
         if total < self.batch_size:
             return None
-        whole = concat_batches(self._parts, self._sizes)
-        rest = total - self.batch_size
-        self._parts = [slice_batch(whole, self.batch_size, total, total)] if rest else []
-        self._sizes = [rest] if rest else []
+        whole = self.flush()
+        self.add(slice_batch(whole, self.batch_size, total, total), total - self.batch_size)
         return slice_batch(whole, 0, self.batch_size, total)
 
     def flush(self) -> Any | None:

@@ -132,25 +132,21 @@ class Scope:
                     "into equal lengths (DistributedSampler) and drop or pad a short last batch"
                 )
             self._sizes_checked = True
-        gen = generators.shared(draw.device, t) if rule.random else None
-        positions, chosen, total = self._pick(rule, scores, draw._replace(generator=gen), w)
-        self._loss_scale = w / total if chosen else 0.0
-        self._trained = int(positions.shape[0])
-        return positions, chosen
-
-    def _pick(self, rule: Rule, scores: Tensor | None, draw: Draw, w: int) -> tuple[Tensor, int, int]:
-        """One choice over the ``w * draw.n`` rows of the group: this rank's positions, how many of
-        them were chosen (0: the filler row, or none when nobody at all was) and the group's total."""
         n, r = draw.n, process_rank(self.group)
+        gen = generators.shared(draw.device, t) if rule.random else None
         gathered = None if scores is None else gather(scores.detach().to(torch.float32), self.group)
-        mask = rule.mask(gathered, draw._replace(n=w * n))
+        mask = rule.mask(gathered, draw._replace(n=w * n, generator=gen))
         counts: list[int] = mask.view(w, n).sum(1).tolist()  # the one read: how many rows each rank keeps
         chosen, total = counts[r], sum(counts)
+        self._loss_scale = w / total if chosen else 0.0
         if chosen or not total:  # nobody at all only when the draw may keep nobody (iterate): all skip
-            return torch.nonzero_static(mask[r * n : (r + 1) * n], size=chosen).squeeze(1), chosen, total
-        if scores is None:  # the uniform rule reads no scores: its first row
-            return torch.zeros(1, dtype=torch.int64, device=mask.device), 0, total
-        return torch.argmax(scores.detach()).view(1), 0, total  # its hardest row (NaN counts as hardest)
+            positions = torch.nonzero_static(mask[r * n : (r + 1) * n], size=chosen).squeeze(1)
+        elif scores is None:  # the filler row; the uniform rule reads no scores: its first row
+            positions = torch.zeros(1, dtype=torch.int64, device=mask.device)
+        else:  # its hardest row (NaN counts as hardest)
+            positions = torch.argmax(scores.detach()).view(1)
+        self._trained = int(positions.shape[0])
+        return positions, chosen
 
     def step_loss(self, losses: Tensor) -> Tensor:
         """The loss to backpropagate from the per-row losses of the rows last returned: their mean;
