@@ -179,17 +179,6 @@ def check_losses(losses: Any, n: int, name: str = "loss_fn") -> Tensor:
     return rankable_losses(losses, name).float()
 
 
-def _norm_buffers(model: nn.Module) -> list[Tensor]:
-    bufs: list[Tensor] = []
-    for m in model.modules():
-        if isinstance(m, _NormBase) and m.training and m.track_running_stats:
-            for name in ("running_mean", "running_var", "num_batches_tracked"):
-                b = getattr(m, name, None)
-                if isinstance(b, Tensor) and not isinstance(b, nn.parameter.UninitializedBuffer):
-                    bufs.append(b)
-    return bufs
-
-
 @contextlib.contextmanager
 def preserved_training_state(model: Any, eval_mode: bool = False) -> Iterator[None]:
     """Run a block without changing ``model``'s norm running statistics or train/eval flags.
@@ -207,8 +196,15 @@ def preserved_training_state(model: Any, eval_mode: bool = False) -> Iterator[No
             raise TypeError("eval_mode=True needs an nn.Module model (its mode is switched and restored)")
         yield
         return
-    modes = [(m, m.training) for m in model.modules()]
-    saved = [] if eval_mode else [(b, b.clone()) for b in _norm_buffers(model)]
+    modes: list[tuple[nn.Module, bool]] = []
+    saved: list[tuple[Tensor, Tensor]] = []  # the running statistics of norm layers that update them
+    for m in model.modules():
+        modes.append((m, m.training))
+        if not eval_mode and isinstance(m, _NormBase) and m.training and m.track_running_stats:
+            for name in ("running_mean", "running_var", "num_batches_tracked"):
+                b = getattr(m, name, None)
+                if isinstance(b, Tensor) and not isinstance(b, nn.parameter.UninitializedBuffer):
+                    saved.append((b, b.clone()))
     if eval_mode:
         model.eval()
     try:
@@ -292,8 +288,7 @@ def downsample(inputs: Any, scale_factor: float, name: str = "scale_factor") -> 
 
 
 def _float_shapes(inputs: Any) -> str:
-    """The shapes, batch dimension as ``N``, of the float 3-D to 5-D tensors of ``inputs`` (what
-    :func:`downsample` resizes; the dry run forwards 2 examples of the batch, hence no count)."""
+    """The shapes, batch dimension as ``N``, of the float 3-D to 5-D tensors :func:`downsample` resizes."""
     shapes: list[str] = []
 
     def add(t: Tensor) -> None:
