@@ -25,7 +25,7 @@ from leanbatch.progress import training_progress
 from leanbatch.rng import Generators
 from leanbatch.scores import ScoreTable
 from leanbatch.selection.batches import BatchAccumulator, index_batch
-from leanbatch.selection.layout import Key, Keys, Selection, read_rows
+from leanbatch.selection.layout import Key, Keys, Rows, Selection, read_rows
 from leanbatch.selection.rules import Draw, Rule
 from leanbatch.selection.schedule import Scheduled, Window, check_progress
 from leanbatch.selection.scope import Scope
@@ -173,20 +173,19 @@ class Selector(Scheduled):
             True
         """
         progress, batch_idx = _step(progress, batch_idx)
-        return self._select(batch, model, loss_fn, progress, batch_idx, indices, epoch, True)
+        rows = read_rows(batch, self.keys, indices, epoch)
+        return self._select(batch, rows, model, loss_fn, progress, batch_idx, True)
 
     def _select(
         self,
         batch: Any,
+        rows: Rows,
         model: Any,
         loss_fn: Callable[..., Tensor] | None,
         progress: float,
         batch_idx: int,
-        indices: Tensor | None,
-        epoch: int | None,
         at_least_one: bool,
     ) -> Selection:
-        rows = read_rows(batch, self.keys, indices, epoch)
         if self.source is not None:
             self.source.check_batch(rows, loss_fn)  # on every batch, not only once the window opens
         if not self._checked:
@@ -195,12 +194,10 @@ class Selector(Scheduled):
         st.batches += 1
         st.examples += n
         self.selection_scope.returned(n)
-        if not self.is_active(progress, batch_idx):
-            st.backpropagated += n
-            return Selection(batch, None, None)
+        active = self.is_active(progress, batch_idx)
         draw = self._draws  # counted on every active batch: it follows the schedule, equal on all ranks
-        self._draws += 1
-        if rule.num_kept(w * n) == w * n:
+        self._draws += int(active)
+        if not active or rule.num_kept(w * n) == w * n:
             st.backpropagated += n
             return Selection(batch, None, None)
         self._device = rows.device
@@ -290,14 +287,14 @@ class Selector(Scheduled):
             progress = training_progress(
                 epoch=epoch, num_epochs=num_epochs, batch_idx=i, batches_per_epoch=per_epoch
             )
-            idx = None if indices_key is None else batch[indices_key]
-            sel = self._select(batch, model, loss_fn, progress, i, idx, epoch, False)  # may keep nobody
+            rows = read_rows(batch, self.keys, None if indices_key is None else batch[indices_key], epoch)
+            sel = self._select(batch, rows, model, loss_fn, progress, i, False)  # may keep nobody
             if sel.positions is None or (whole and sel.positions.shape[0] > 0):
                 yield sel.batch
             if sel.positions is None or whole:
                 continue
             if acc is None:
-                acc = BatchAccumulator(read_rows(batch, self.keys).n)
+                acc = BatchAccumulator(rows.n)
             acc.add(sel.batch, int(sel.positions.shape[0]))
             while (full := acc.pop()) is not None:
                 yield full
