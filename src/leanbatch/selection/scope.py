@@ -127,9 +127,9 @@ class Scope:
             sizes = gather(torch.tensor([draw.n], dtype=torch.int64, device=draw.device), self.group).tolist()
             if any(s != draw.n for s in sizes):  # every rank sees the same sizes: every rank raises
                 raise ValueError(
-                    f"scope='global' ranks the rows of a whole step together, so every rank of the group must "
-                    f"pass the same number of rows at each step; the ranks passed {sizes}: shard the data "
-                    "into equal lengths (DistributedSampler) and drop or pad a short last batch"
+                    "scope='global' ranks the rows of a whole step together, so every rank of the group "
+                    f"must pass the same number of rows at each step; the ranks passed {sizes}: shard the "
+                    "data into equal lengths (DistributedSampler) and drop or pad a short last batch"
                 )
             self._sizes_checked = True
         n, r = draw.n, process_rank(self.group)

@@ -217,7 +217,7 @@ def preserved_training_state(model: Any, eval_mode: bool = False) -> Iterator[No
             m.training = flag
 
 
-def _check_size(t: Tensor, scale_factor: float, name: str) -> None:
+def _check_size(t: Tensor, scale_factor: float) -> None:
     """Raise unless every spatial dimension of ``t`` keeps at least one pixel at ``scale_factor``."""
     smallest = min(t.shape[2:])
     if math.floor(float(smallest) * scale_factor) >= 1:  # F.interpolate's own output-size rule
@@ -226,13 +226,14 @@ def _check_size(t: Tensor, scale_factor: float, name: str) -> None:
     if math.floor(float(smallest) * usable) < 1:
         usable = math.nextafter(usable, 2.0)
     raise ValueError(
-        f"{name}={scale_factor} would downsample the input of shape {tuple(t.shape)} to 0 pixels along "
-        f"its {smallest}-pixel dimension: the smallest usable {name} for it is {usable:.6g} (1 / {smallest})"
+        f"scale_factor={scale_factor} would downsample the input of shape {tuple(t.shape)} to 0 pixels "
+        f"along its {smallest}-pixel dimension: the smallest usable scale_factor for it is {usable:.6g} "
+        f"(1 / {smallest})"
     )
 
 
-def check_downsample(inputs: Any, scale_factor: float, name: str = "scale_factor") -> None:
-    """Raise ``ValueError`` naming ``name`` unless ``inputs`` can be downsampled by ``scale_factor``.
+def check_downsample(inputs: Any, scale_factor: float) -> None:
+    """Raise ``ValueError`` unless ``inputs`` can be downsampled by ``scale_factor``.
 
     Below 1 there must be a float input, every float input must be 3-D to 5-D (integer inputs,
     token ids and masks, pass through), and each keeps at least one pixel per dimension.
@@ -253,15 +254,15 @@ def check_downsample(inputs: Any, scale_factor: float, name: str = "scale_factor
     bad = [tuple(t.shape) for t in floats if t.dim() not in _MODES]
     if not floats or bad:
         raise ValueError(
-            f"{name}={scale_factor} < 1 downsamples the model input spatially, which needs floating-point "
-            f"inputs of 3 to 5 dimensions (batch, channels, ...); got "
-            f"{bad or 'no floating-point input'}. Use {name}=1 for this data."
+            f"scale_factor={scale_factor} < 1 downsamples the model input spatially, which needs "
+            f"floating-point inputs of 3 to 5 dimensions (batch, channels, ...); got "
+            f"{bad or 'no floating-point input'}. Use scale_factor=1 for this data."
         )
     for t in floats:
-        _check_size(t, scale_factor, name)
+        _check_size(t, scale_factor)
 
 
-def downsample(inputs: Any, scale_factor: float, name: str = "scale_factor") -> Any:
+def downsample(inputs: Any, scale_factor: float) -> Any:
     """Resize every float 3-D to 5-D input by ``scale_factor`` (linear/bilinear/trilinear).
 
     Example:
@@ -275,7 +276,7 @@ def downsample(inputs: Any, scale_factor: float, name: str = "scale_factor") -> 
     def resize(t: Tensor) -> Tensor:
         if not t.is_floating_point() or t.dim() not in _MODES:
             return t
-        _check_size(t, scale_factor, name)  # a clear error before the forward, not interpolate's
+        _check_size(t, scale_factor)  # a clear error before the forward, not interpolate's
         return F.interpolate(
             t,
             scale_factor=scale_factor,
@@ -299,15 +300,9 @@ def _float_shapes(inputs: Any) -> str:
     return ", ".join(shapes)
 
 
-def scaled_forward(
-    forward: Callable[[Any, Any], Any],
-    model: Any,
-    inputs: Any,
-    scale_factor: float,
-    name: str = "scale_factor",
-) -> Any:
+def scaled_forward(forward: Callable[[Any, Any], Any], model: Any, inputs: Any, scale_factor: float) -> Any:
     """``forward(model, downsample(inputs))``; an error of the model on a downsampled input is
-    re-raised as a ``ValueError`` naming ``name``, the shapes before and after, and the fix.
+    re-raised as a ``ValueError`` naming ``scale_factor``, the shapes before and after, and the fix.
 
     Example:
         >>> import torch
@@ -318,17 +313,17 @@ def scaled_forward(
         ...     print(str(e).split(":")[0])
         the model failed on its selection input, downsampled by scale_factor=0.5 from (N, 1, 8, 8) to (N, 1, 4, 4)
     """
-    small = downsample(inputs, scale_factor, name)
+    small = downsample(inputs, scale_factor)
     try:
         return forward(model, small)
     except Exception as err:  # the model's own error on the resized input: say which knob to turn
         if scale_factor >= 1.0 or isinstance(err, torch.cuda.OutOfMemoryError):
             raise
         raise ValueError(
-            f"the model failed on its selection input, downsampled by {name}={scale_factor} from "
+            f"the model failed on its selection input, downsampled by scale_factor={scale_factor} from "
             f"{_float_shapes(inputs)} to {_float_shapes(small)}: {type(err).__name__}: {err}. "
             f"A model that needs the full-size input (e.g. a Linear layer on flattened pixels) "
-            f"needs {name}=1"
+            "needs scale_factor=1"
         ) from err
 
 

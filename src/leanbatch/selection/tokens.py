@@ -293,8 +293,7 @@ def _targets(logits: Any, labels: Tensor | None, shift_labels: Tensor | None, ig
         )
     if (labels is None) == (shift_labels is None):
         raise TypeError("pass labels= (shifted here) or shift_labels= (already shifted), exactly one of them")
-    given = labels if shift_labels is None else shift_labels
-    name = "labels" if shift_labels is None else "shift_labels"
+    given, name = (labels, "labels") if shift_labels is None else (shift_labels, "shift_labels")
     if (
         not isinstance(given, Tensor)
         or given.is_floating_point()
@@ -304,9 +303,7 @@ def _targets(logits: Any, labels: Tensor | None, shift_labels: Tensor | None, ig
             f"{name} must be integer token ids shaped as the logits' first two dimensions "
             f"{tuple(logits.shape[:2])}, got {_shape(given)}"
         )
-    if shift_labels is not None:
-        return shift_labels
-    return F.pad(given, (0, 1), value=ignore_index)[..., 1:]
+    return given if shift_labels is not None else F.pad(given, (0, 1), value=ignore_index)[..., 1:]
 
 
 def _same_shape(reference_logits: Any, logits: Tensor) -> None:
