@@ -80,13 +80,12 @@ class ProxyScorer:
             raise TypeError(
                 f"optimizer must be a torch.optim.Optimizer over the proxy's parameters, got {optimizer!r}"
             )
-        check_bool(train, "train")
         if forward_fn is not None and not callable(forward_fn):
             raise TypeError(f"forward_fn must be callable as forward_fn(model, inputs), got {forward_fn!r}")
         self.model = model
         self.optimizer = optimizer
         self._loss: PerExampleLoss = as_per_example_loss(loss_fn, "loss_fn")
-        self.train = train
+        self.train = check_bool(train, "train")
         self.train_every = check_int(train_every, "train_every", 1)
         self.train_keep = check_fraction(train_keep, "train_keep")
         self._hardest = TopRule(self.train_keep)  # the proxy's own hardest share

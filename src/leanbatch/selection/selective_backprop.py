@@ -117,18 +117,16 @@ class SelectiveBackprop(Selector):
         check_choice(rule, "rule", _RULES)
         check_int(staleness, "staleness", 1)
         fresh: Source | None = None  # what measures losses, for the rules that rank measured ones
-        if rule in _MEASURED:
-            fresh = (
-                ScorerScores(scorer)
-                if scorer is not None
-                else ForwardScores(
-                    scale_factor,
-                    loss_fn,
-                    forward_fn=forward_fn,
-                    chunk_size=chunk_size,
-                    autocast=autocast,
-                    eval_mode=eval_mode,
-                )
+        if rule in _MEASURED and scorer is not None:
+            fresh = ScorerScores(scorer)
+        elif rule in _MEASURED:
+            fresh = ForwardScores(
+                scale_factor,
+                loss_fn,
+                forward_fn=forward_fn,
+                chunk_size=chunk_size,
+                autocast=autocast,
+                eval_mode=eval_mode,
             )
         super().__init__(
             Window(start, end, interrupt),
