@@ -351,12 +351,9 @@ class StaleScores(MemoryScores):
         return self.losses(idx).to(rows.device, non_blocking=True)
 
     def state_dict(self) -> dict[str, Any]:
-        memory = {
-            "staleness": self.staleness,
-            "scored_epoch": self.scored_epoch.cpu().clone(),
-            "table": self.table.state_dict(),
-        }
-        return {**({} if self.source is None else self.source.state_dict()), "memory": memory}
+        state = {**({} if self.source is None else self.source.state_dict()), **super().state_dict()}
+        state["memory"].update(staleness=self.staleness, scored_epoch=self.scored_epoch.cpu().clone())
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if self.source is not None:
