@@ -68,10 +68,5 @@ class SelectionStats:
 
     def as_dict(self) -> dict[str, Any]:
         """Plain values, derived fractions included."""
-        d = asdict(self)
-        d.update(
-            backprop_fraction=self.backprop_fraction,
-            forward_fraction=self.forward_fraction,
-            selection_overhead=self.selection_overhead,
-        )
-        return d
+        derived = ("backprop_fraction", "forward_fraction", "selection_overhead")
+        return asdict(self) | {name: getattr(self, name) for name in derived}
