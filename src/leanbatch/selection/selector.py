@@ -172,7 +172,12 @@ class Selector(Scheduled):
             >>> sel.select(torch.zeros(8, 2), progress=0.1, batch_idx=0).positions is None  # before the window
             True
         """
-        progress, batch_idx = _step(progress, batch_idx)
+        if not (  # the usual call, a float and an int in range, needs no further check
+            type(progress) is float and type(batch_idx) is int and 0.0 <= progress <= 1.0 and batch_idx >= 0
+        ):
+            if progress is None or batch_idx is None:
+                raise TypeError("select() needs progress= (fraction of training done) and batch_idx=")
+            progress, batch_idx = check_progress(progress), check_int(batch_idx, "batch_idx", 0)
         rows = read_rows(batch, self.keys, indices, epoch)
         return self._select(batch, rows, model, loss_fn, progress, batch_idx, True)
 
@@ -368,12 +373,3 @@ class Selector(Scheduled):
         for part in (self.source, self.selection_rule):
             if part is not None:
                 part.load_state_dict(state)
-
-
-def _step(progress: Any, batch_idx: Any) -> tuple[float, int]:
-    """``(progress, batch_idx)`` if ``progress`` is a Python number in [0, 1] and ``batch_idx`` an int >= 0."""
-    if type(progress) is float and type(batch_idx) is int and 0.0 <= progress <= 1.0 and batch_idx >= 0:
-        return progress, batch_idx  # the usual call: nothing more to check
-    if progress is None or batch_idx is None:
-        raise TypeError("select() needs progress= (fraction of training done) and batch_idx=")
-    return check_progress(progress), check_int(batch_idx, "batch_idx", 0)
