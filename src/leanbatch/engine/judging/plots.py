@@ -12,7 +12,7 @@ from typing import Any
 
 from leanbatch.engine.judging.envelope import envelope_at
 from leanbatch.engine.judging.files import atomic_open
-from leanbatch.engine.judging.records import RunRecord, clock_axis, work_scale
+from leanbatch.engine.judging.records import AXES, RunRecord, work_scale
 from leanbatch.engine.judging.verdicts import std_of
 
 __all__ = ["PLOT_NAMES", "write_plots"]
@@ -103,7 +103,7 @@ def _metric_plot(
         ax.axhspan(base["target"], base["metric_mean"], color="grey", alpha=0.12, lw=0)
         marks = [base["target"], base["metric_mean"]]
     _zoom(ax, curves, marks)
-    _label(ax, clock_axis(clock)[1], label, f"{label} vs cost: {title}", True)
+    _label(ax, AXES[clock][1], label, f"{label} vs cost: {title}", True)
     return _save(fig, path)
 
 
@@ -200,7 +200,7 @@ def _equal_time_plot(plt: Any, section: dict[str, Any], label: str, title: str, 
             [sum(ts) / len(ts)], [sum(ms) / len(ms)], xerr=[std_of(ts)], yerr=[std_of(ms)], marker="o", ms=6,
             capsize=3, ls="none", label=f"{row['method']}: {diff}{row['verdict']}",
         )  # fmt: skip
-    _label(ax, clock_axis(section.get("clock", "work"))[1], f"final {label}", f"At equal cost: {title}")
+    _label(ax, AXES[section.get("clock", "work")][1], f"final {label}", f"At equal cost: {title}")
     return _save(fig, path)
 
 

@@ -50,17 +50,18 @@ def terminal_width() -> int:
 def publish(payload: dict[str, Any], results: Path, plots: Path | None) -> list[Path]:
     """Write ``results`` (results.json), draw the plots and write ``report.html`` into the folder
     ``plots`` (None: neither); every file atomically. The files written."""
+    from leanbatch.engine.judging.files import atomic_write_text
     from leanbatch.engine.judging.outputs import write_results
 
     write_results(results, payload)
-    written = [results]
-    if plots is not None:
-        from leanbatch.engine.judging.html import write_html
-        from leanbatch.engine.judging.plots import write_plots
+    if plots is None:
+        return [results]
+    from leanbatch.engine.judging.html import render
+    from leanbatch.engine.judging.plots import write_plots
 
-        images = write_plots(payload, plots)
-        written += images + [write_html(plots / "report.html", payload, images)]
-    return written
+    images = write_plots(payload, plots)
+    atomic_write_text(plots / "report.html", render(payload, images))
+    return [results, *images, plots / "report.html"]
 
 
 def closing(

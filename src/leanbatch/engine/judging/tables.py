@@ -6,7 +6,7 @@ Every table names the metric and its goal (``higher is better`` / ``lower is bet
 realisation are on the study's clock (``work`` by default: the same training prints them the same).
 
 Example:
-    >>> print(format_controls({"rows": []}, "accuracy"))
+    >>> print(format_controls({"config": {}, "controls": {"rows": []}}))
     controls: none (add --controls)
 """
 
@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import math
 import textwrap
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterator
 from typing import Any
 
-from leanbatch.engine.judging.records import clock_axis
+from leanbatch.engine.judging.records import AXES
 from leanbatch.engine.judging.verdicts import std_of
 
 __all__ = [
@@ -76,6 +76,12 @@ def tolerance_text(spec: float | str, metric: str) -> str:
         if isinstance(spec, str)
         else f"{spec:g} (in {metric} units)"
     )
+
+
+def _study(payload: dict[str, Any]) -> tuple[str, str, str]:
+    """The study's metric, goal and clock (a doctest's bare config: ``metric``, ``max``, ``work``)."""
+    cfg = payload["config"]
+    return cfg.get("metric", "metric"), cfg.get("goal", "max"), cfg.get("clock", "work")
 
 
 def _goal(goal: str) -> str:
@@ -158,9 +164,8 @@ def answers(payload: dict[str, Any]) -> Iterator[tuple[dict[str, Any], Any, Any,
 def format_answer(payload: dict[str, Any]) -> str:
     """One line per method that is not a baseline: the answer, ahead of the tables (judged on the
     study's clock: the same training prints the same answer on any machine)."""
-    cfg = payload["config"]
-    metric, goal, clock = cfg.get("metric", "metric"), cfg.get("goal", "max"), cfg.get("clock", "work")
-    saved = "work saved" if clock == "work" else f"{clock_axis(clock)[0].removesuffix(' s')} saved"
+    metric, goal, clock = _study(payload)
+    saved = "work saved" if clock == "work" else f"{AXES[clock][0].removesuffix(' s')} saved"
     head = ["method", saved, f"{metric} vs baseline", "vs envelope", "vs its twin", "verdict"]
     lines = [head]
     for row, e, t, verdict in answers(payload):
@@ -168,7 +173,7 @@ def format_answer(payload: dict[str, Any]) -> str:
             row["method"], _saved(row["cost_ratio_vs_baseline"]),
             _fmt(row["metric_delta_vs_baseline"], "+.3g"), "-" if e is None else _diff(e), _diff(t), verdict,
         ])  # fmt: skip
-    seeds = cfg.get("seeds", [])
+    seeds = payload["config"].get("seeds", [])
     title = (
         f"the answer: {metric} ({_goal(goal)}), {len(seeds)} seed(s), {clock} clock; each method against the full "
         f"baseline, the envelope (the baseline trained for fewer steps or on smaller batches, at the method's own "
@@ -189,10 +194,10 @@ def format_brief(payload: dict[str, Any], width: int = 100, where: str = "") -> 
         the answer (metric, higher is better; 1 seed(s); work clock):
           no method but the baseline
     """
-    cfg = payload["config"]
-    metric, clock = cfg.get("metric", "metric"), cfg.get("clock", "work")
+    metric, goal, clock = _study(payload)
     saved = "work" if clock == "work" else f"{clock} time"
-    head = f"the answer ({metric}, {_goal(cfg.get('goal', 'max'))}; {len(cfg.get('seeds', []))} seed(s); {clock} clock):"
+    seeds = len(payload["config"].get("seeds", []))
+    head = f"the answer ({metric}, {_goal(goal)}; {seeds} seed(s); {clock} clock):"
     lines = textwrap.wrap(head, width)
     rows = list(answers(payload))
     for row, e, t, verdict in rows:
@@ -218,11 +223,11 @@ def format_brief(payload: dict[str, Any], width: int = 100, where: str = "") -> 
     return "\n".join(lines)
 
 
-def format_summary(
-    rows: Sequence[dict[str, Any]], metric: str, goal: str, tolerance: float | str, clock: str = "work"
-) -> str:
-    """Every arm's metric, cost on ``clock`` and work (``fwd``, ``bwd``, ``ideal x``, ``t->target``)."""
-    head, _, spec = clock_axis(clock)
+def format_summary(payload: dict[str, Any]) -> str:
+    """Every arm's metric, cost on the study's clock and work (``fwd``, ``bwd``, ``ideal x``, ``t->target``)."""
+    metric, goal, clock = _study(payload)
+    rows, tolerance = payload["summary"], payload["tolerance"]
+    head, _, spec = AXES[clock]
     unit = head.removesuffix(" s")
     lines = [["method", f"{metric} ({goal})", head, f"{unit} saved", "fwd", "bwd", "ideal x", "t->target"]]
     for r in rows:
@@ -272,17 +277,18 @@ def _pm(mean: float | None, std: float | None) -> str:
     return _fmt(mean, ".2f") + ("" if mean is None or std is None else f" ± {std:.2f}")
 
 
-def format_envelope(section: dict[str, Any], metric: str) -> str:
+def format_envelope(payload: dict[str, Any]) -> str:
     """The envelope's points, then every arm against the envelope (paired by seed, at its own cost).
 
     Example:
-        >>> format_envelope({"families": {}, "rows": []}, "accuracy")
+        >>> format_envelope({"config": {}, "envelope": {"families": {}, "rows": []}})
         'envelope: no baseline budget runs, no envelope (add --budgets or --batch-budgets)'
     """
+    section, metric = payload["envelope"], _study(payload)[0]
     families = section["families"]
     if sum(len(points) for points in families.values()) < 2:
         return "envelope: no baseline budget runs, no envelope (add --budgets or --batch-budgets)"
-    time_head, _, spec = clock_axis(section.get("clock", "work"))
+    time_head, _, spec = AXES[section.get("clock", "work")]
     head = [
         "method",
         "family / reached by",
@@ -317,11 +323,12 @@ def format_envelope(section: dict[str, Any], metric: str) -> str:
     return "\n".join([*_markdown(lines, left=(0, 1, len(head) - 1)), note])
 
 
-def format_controls(section: dict[str, Any], metric: str) -> str:
+def format_controls(payload: dict[str, Any]) -> str:
     """Each method against its uniform twin, paired by seed."""
+    section, metric = payload["controls"], _study(payload)[0]
     if not section["rows"]:
         return "controls: none (add --controls)"
-    cost, _, spec = clock_axis(section.get("clock", "work"))
+    cost, _, spec = AXES[section.get("clock", "work")]
     head = [
         "method",
         "twin",
@@ -350,16 +357,9 @@ def format_controls(section: dict[str, Any], metric: str) -> str:
 def format_results(payload: dict[str, Any]) -> str:
     """The whole terminal report: the answer, the realisation on this machine, the summary, the envelope
     and the controls (on ``config.clock``)."""
-    cfg = payload["config"]
-    metric, goal = cfg.get("metric", "metric"), cfg.get("goal", "max")
-    parts = [
-        format_answer(payload),
-        format_realisation(payload),
-        format_summary(payload["summary"], metric, goal, payload["tolerance"], cfg.get("clock", "work")),
-        format_envelope(payload["envelope"], metric),
-    ]
+    parts = [f(payload) for f in (format_answer, format_realisation, format_summary, format_envelope)]
     if payload["controls"]["rows"]:
-        parts.append(format_controls(payload["controls"], metric))
+        parts.append(format_controls(payload))
     if payload.get("failed"):
         parts.append(
             "failed: " + "; ".join(f"{f['method']} seed {f['seed']}: {f['error']}" for f in payload["failed"])
