@@ -55,23 +55,16 @@ def write_plots(payload: dict[str, Any], out_dir: Path) -> list[Path]:
         written.append(_metric_plot(plt, payload, groups, label, title, out_dir / "metric_vs_time.png"))
         if any(r["num_samples"] for runs in groups.values() for r in runs):
             written.append(_kept_plot(plt, groups, title, out_dir / "kept_per_epoch.png"))
-    hist_run = _own_histograms(payload)
-    if hist_run is not None:
-        written.append(_histogram_plot(plt, hist_run, out_dir / "loss_histograms.png"))
+    # the scores of a method's own arm (not a twin: the yardstick it is judged against), else any run's
+    twins = {m.get("control") for m in cfg.get("methods", [])} - {None}
+    have = [r for r in payload["runs"] if r["histograms"]]
+    own = [r for r in have if r["method"] not in twins and "~" not in r["method"]]
+    if have:
+        written.append(_histogram_plot(plt, (own or have)[0], out_dir / "loss_histograms.png"))
     section = payload["envelope"]
     if sum(len(points) for points in section["families"].values()) >= 2:
         written.append(_equal_time_plot(plt, section, label, title, out_dir / "equal_time.png"))
     return written
-
-
-def _own_histograms(payload: dict[str, Any]) -> dict[str, Any] | None:
-    """The run whose scores to show: the first of a method's own arm (not a twin, the yardstick it is
-    judged against), else the first that has histograms."""
-    twins = {m.get("control") for m in payload["config"].get("methods", [])} - {None}
-    have = [r for r in payload["runs"] if r["histograms"]]
-    return next(
-        (r for r in have if r["method"] not in twins and "~" not in r["method"]), have[0] if have else None
-    )
 
 
 def _zoom(ax: Any, curves: list[list[float]], marks: list[float]) -> None:

@@ -41,21 +41,18 @@ def _fmt(x: Any, spec: str, suffix: str = "") -> str:
 
 
 def _markdown(lines: list[list[str]], left: Collection[int] = (0,)) -> list[str]:
-    """Rows of cells as an aligned Markdown table: the ``left`` columns flush left, the others right."""
+    """Rows of cells (the head first) as an aligned Markdown table: the ``left`` columns flush left,
+    the others right."""
     widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
-    out = []
-    for n, line in enumerate(lines):
-        cells = [
-            c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths, strict=True))
-        ]
-        out.append("| " + " | ".join(cells) + " |")
-        if n == 0:
-            out.append(
-                "|"
-                + "|".join("-" * (w + 2) if i in left else "-" * (w + 1) + ":" for i, w in enumerate(widths))
-                + "|"
-            )
-    return out
+    align = ["<" if i in left else ">" for i in range(len(widths))]
+    out = [
+        "| " + " | ".join(f"{c:{a}{w}}" for c, a, w in zip(line, align, widths, strict=True)) + " |"
+        for line in lines
+    ]
+    rule = "|".join(
+        "-" * (w + 2) if a == "<" else "-" * (w + 1) + ":" for a, w in zip(align, widths, strict=True)
+    )
+    return [out[0], f"|{rule}|", *out[1:]]
 
 
 def _saved(ratio: float | None) -> str:
@@ -166,13 +163,12 @@ def format_answer(payload: dict[str, Any]) -> str:
     study's clock: the same training prints the same answer on any machine)."""
     metric, goal, clock = _study(payload)
     saved = "work saved" if clock == "work" else f"{AXES[clock][0].removesuffix(' s')} saved"
-    head = ["method", saved, f"{metric} vs baseline", "vs envelope", "vs its twin", "verdict"]
-    lines = [head]
-    for row, e, t, verdict in answers(payload):
-        lines.append([
-            row["method"], _saved(row["cost_ratio_vs_baseline"]),
-            _fmt(row["metric_delta_vs_baseline"], "+.3g"), "-" if e is None else _diff(e), _diff(t), verdict,
-        ])  # fmt: skip
+    lines = [["method", saved, f"{metric} vs baseline", "vs envelope", "vs its twin", "verdict"]]
+    lines += [
+        [row["method"], _saved(row["cost_ratio_vs_baseline"]), _fmt(row["metric_delta_vs_baseline"], "+.3g"),
+         "-" if e is None else _diff(e), _diff(t), verdict]
+        for row, e, t, verdict in answers(payload)
+    ]  # fmt: skip
     seeds = payload["config"].get("seeds", [])
     title = (
         f"the answer: {metric} ({_goal(goal)}), {len(seeds)} seed(s), {clock} clock; each method against the full "
@@ -231,16 +227,16 @@ def format_summary(payload: dict[str, Any]) -> str:
     unit = head.removesuffix(" s")
     lines = [["method", f"{metric} ({goal})", head, f"{unit} saved", "fwd", "bwd", "ideal x", "t->target"]]
     for r in rows:
-        ratio, reach = r["cost_ratio_vs_baseline"], r["to_target"]
+        reach = r["to_target"]
         reach_s = (
             f"- ({r['reached_target']}/{len(r['seeds'])})"
             if reach is None and r["reached_target"] is not None
             else _fmt(reach, spec)
         )
         lines.append([
-            r["method"], _value(r["metric_mean"], r["metric_std"]),
-            _fmt(r["cost_mean"], spec), _saved(ratio),
-            _fmt(r["forward_fraction"], ".2f"), _fmt(r["backward_fraction"], ".2f"), _fmt(r["ideal_speedup"], ".2f"), reach_s,
+            r["method"], _value(r["metric_mean"], r["metric_std"]), _fmt(r["cost_mean"], spec),
+            _saved(r["cost_ratio_vs_baseline"]), _fmt(r["forward_fraction"], ".2f"),
+            _fmt(r["backward_fraction"], ".2f"), _fmt(r["ideal_speedup"], ".2f"), reach_s,
         ])  # fmt: skip
     seeds = rows[0]["seeds"] if rows else []
     way = "-" if goal == "max" else "+"
@@ -256,13 +252,12 @@ def format_realisation(payload: dict[str, Any]) -> str:
     ``achieved``, mean ± std over seeds), and one line when the baseline's own timing spread is
     larger than an arm's time saved."""
     lines = [["method", "time s", "time saved", "actual x", "achieved", "cpu x"]]
-    for r in payload["summary"]:
-        ratio = r["time_ratio_vs_baseline"]
-        lines.append([
-            r["method"], _value(r["time_s_mean"], r["time_s_std"]),
-            _saved(ratio), _pm(r["actual_speedup"], r["actual_speedup_std"]), _pm(r["achieved_of_ideal"], r["achieved_std"]),
-            _fmt(r["cpu_speedup"], ".2f"),
-        ])  # fmt: skip
+    lines += [
+        [r["method"], _value(r["time_s_mean"], r["time_s_std"]), _saved(r["time_ratio_vs_baseline"]),
+         _pm(r["actual_speedup"], r["actual_speedup_std"]), _pm(r["achieved_of_ideal"], r["achieved_std"]),
+         _fmt(r["cpu_speedup"], ".2f")]
+        for r in payload["summary"]
+    ]  # fmt: skip
     note = "\non this machine (wall-clock, training only): actual x = the full baseline's time / the arm's, paired by seed; achieved = actual / ideal"
     timing = payload.get("timing") or {}
     if timing.get("within_noise"):
@@ -300,12 +295,11 @@ def format_envelope(payload: dict[str, Any]) -> str:
         "verdict",
     ]
     lines = [head]
-    for family, points in families.items():
-        for p in points:
-            lines.append([
-                p["method"], f"{family} {p['share']:g}", _value(p["metric_mean"], p["metric_std"]),
-                _fmt(p["cost_mean"], spec), "", "", "", "envelope",
-            ])  # fmt: skip
+    lines += [
+        [p["method"], f"{family} {p['share']:g}", _value(p["metric_mean"], p["metric_std"]),
+         _fmt(p["cost_mean"], spec), "", "", "", "envelope"]
+        for family, points in families.items() for p in points
+    ]  # fmt: skip
     for r in section["rows"]:
         metrics = [s["metric"] for s in r["per_seed"]]
         by = [s.get("family") for s in r["per_seed"] if s.get("family")]
@@ -341,11 +335,11 @@ def format_controls(payload: dict[str, Any]) -> str:
         "verdict",
     ]
     lines = [head]
-    for r in section["rows"]:
-        lines.append([
-            r["method"], r["control"], _fmt(r["metric_mean"], ".4g"), _fmt(r["control_metric_mean"], ".4g"),
-            _fmt(r["cost_mean"], spec), _fmt(r["control_cost_mean"], spec), _spread(r), _ci(r), _verdict(r),
-        ])  # fmt: skip
+    lines += [
+        [r["method"], r["control"], _fmt(r["metric_mean"], ".4g"), _fmt(r["control_metric_mean"], ".4g"),
+         _fmt(r["cost_mean"], spec), _fmt(r["control_cost_mean"], spec), _spread(r), _ci(r), _verdict(r)]
+        for r in section["rows"]
+    ]  # fmt: skip
     note = (
         f"\ncontrols ({metric}, {_goal(section.get('goal', 'max'))}): each method against its uniform twin (the same "
         "budget chosen at random), paired by seed, each at its own cost; vs twin = mean ± std of the per-seed "
