@@ -172,12 +172,11 @@ def _verdicts(payload: dict[str, Any]) -> str:
     """Each method's verdict in a box of its own, coloured by what it says."""
     boxes = []
     for row, env, twin, says in answers(payload):
-        tone = "pays" if says.startswith(("pays", "better")) else "worse" if "worse" in says else (
-            "tie" if "tie" in says else "open")  # fmt: skip
+        env_text = "none" if env is None else str(env["verdict"])
+        tone = {"better": "pays", "worse": "worse", "on": "tie"}.get(env_text, "open")  # what overall() says
         twin_text = (
             "no twin ran" if twin is None else f"against its twin {twin['control']}: {twin['verdict']}"
         )
-        env_text = "none" if env is None else str(env["verdict"])
         boxes.append(
             f'<div class="verdict {tone}"><strong>{html.escape(row["method"])}</strong>: {html.escape(says)}'
             f"<p>envelope: {html.escape(env_text)}; {html.escape(twin_text)}</p></div>"

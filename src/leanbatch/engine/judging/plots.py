@@ -112,13 +112,11 @@ def _kept_plot(plt: Any, groups: dict[str, Any], title: str, path: Path) -> Path
         num, shift = runs[0]["num_samples"], (k - (len(shown) - 1) / 2) * 0.3 / max(len(shown), 1)
         fwd = [x / num for x in _mean_curve(runs, "loaded")]
         bwd = [x / num for x in _mean_curve(runs, "backpropagated")]
-        marker = _MARKERS[k % len(_MARKERS)]
-        (line,) = ax.plot(
-            [i + shift for i in range(len(fwd))], fwd, marker=marker, ms=4, label=f"{name}: loaded"
-        )
+        marker, xs = _MARKERS[k % len(_MARKERS)], [i + shift for i in range(len(fwd))]
+        (line,) = ax.plot(xs, fwd, marker=marker, ms=4, label=f"{name}: loaded")
         if any(abs(a - b) > 1e-9 for a, b in zip(fwd, bwd, strict=True)):
-            ax.plot([i + shift for i in range(len(bwd))], bwd, ls="--", marker=marker, ms=4, mfc="none",
-                    color=line.get_color(), label=f"{name}: backprop")  # fmt: skip
+            ax.plot(xs, bwd, ls="--", marker=marker, ms=4, mfc="none", color=line.get_color(),
+                    label=f"{name}: backprop")  # fmt: skip
     ax.set_ylim(0, 1.08)
     _label(
         ax,
