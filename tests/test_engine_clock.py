@@ -50,9 +50,7 @@ def _study(**clock: str) -> dict:
 
 
 def _tables(report: dict) -> list[str]:
-    metric = report["config"]["metric"]
-    return [format_answer(report), format_envelope(report["envelope"], metric), format_controls(report["controls"], metric),
-            format_summary(report["summary"], metric, "max", report["tolerance"])]  # fmt: skip
+    return [f(report) for f in (format_answer, format_envelope, format_controls, format_summary)]
 
 
 def test_timing_noise_moves_the_wall_clock_and_not_the_verdict(one_thread: None) -> None:

@@ -97,19 +97,13 @@ def atomic_open(path: Path) -> Iterator[BinaryIO]:
             yield fh
             fh.flush()
             os.fsync(fh.fileno())
-        mode = path.stat().st_mode & 0o777 if path.exists() else _mode_for_new_file()
-        os.chmod(tmp, mode)
+        os.chmod(tmp, path.stat().st_mode & 0o777 if path.exists() else _mode_for_new_file())
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    _sync_folder(path.parent)
-
-
-def _sync_folder(folder: Path) -> None:
-    """fsync the folder so the rename itself survives a crash (where the platform allows it)."""
-    with contextlib.suppress(OSError):
-        fd = os.open(folder, os.O_RDONLY)
+    with contextlib.suppress(OSError):  # fsync the folder: the rename itself survives a crash
+        fd = os.open(path.parent, os.O_RDONLY)
         try:
             os.fsync(fd)
         finally:

@@ -22,8 +22,7 @@ from pathlib import Path
 from string import Template
 from typing import Any
 
-from leanbatch.engine.judging.files import atomic_write_text
-from leanbatch.engine.judging.records import RunRecord, clock_axis, work_scale
+from leanbatch.engine.judging.records import AXES, RunRecord, work_scale
 from leanbatch.engine.judging.tables import (
     answers,
     format_answer,
@@ -34,7 +33,7 @@ from leanbatch.engine.judging.tables import (
     tolerance_text,
 )
 
-__all__ = ["GLOSSARY", "SECTIONS", "render", "write_html"]
+__all__ = ["GLOSSARY", "SECTIONS", "render"]
 
 SECTIONS = (
     ("answer", "The answer"),
@@ -173,12 +172,11 @@ def _verdicts(payload: dict[str, Any]) -> str:
     """Each method's verdict in a box of its own, coloured by what it says."""
     boxes = []
     for row, env, twin, says in answers(payload):
-        tone = "pays" if says.startswith(("pays", "better")) else "worse" if "worse" in says else (
-            "tie" if "tie" in says else "open")  # fmt: skip
+        env_text = "none" if env is None else str(env["verdict"])
+        tone = {"better": "pays", "worse": "worse", "on": "tie"}.get(env_text, "open")  # what overall() says
         twin_text = (
             "no twin ran" if twin is None else f"against its twin {twin['control']}: {twin['verdict']}"
         )
-        env_text = "none" if env is None else str(env["verdict"])
         boxes.append(
             f'<div class="verdict {tone}"><strong>{html.escape(row["method"])}</strong>: {html.escape(says)}'
             f"<p>envelope: {html.escape(env_text)}; {html.escape(twin_text)}</p></div>"
@@ -197,7 +195,7 @@ def _runs(payload: dict[str, Any]) -> str:
     """Every run in one table: its arm, seed, metric, cost on the study's clock, time and work."""
     records = [RunRecord.from_dict(r) for r in payload["runs"]]
     clock, scale = payload["config"].get("clock", "work"), work_scale(records)
-    head, _, spec = clock_axis(clock)
+    head, _, spec = AXES[clock]
     metric = payload["config"].get("metric", "metric")
     body = []
     for r in sorted(records, key=lambda r: (r.method, r.seed)):
@@ -229,29 +227,22 @@ def _environment(payload: dict[str, Any]) -> str:
 def render(payload: dict[str, Any], plots: list[Path]) -> str:
     """The page of the results.json ``payload``, with the ``plots`` inline under their captions."""
     cfg = payload["config"]
-    metric, goal, clock = cfg.get("metric", "metric"), cfg.get("goal", "max"), cfg.get("clock", "work")
     command = payload.get("command")
     commands = command if isinstance(command, list) else [command or "leanbatch"]
     figures = {p.stem: _figure(p) for p in plots}
-    controls = payload["controls"]
     return _PAGE.substitute(
-        title=html.escape(str(payload["data"].get("name", cfg.get("task", "")))), style=_STYLE, clock=clock,
+        title=html.escape(str(payload["data"].get("name", cfg.get("task", "")))),
+        style=_STYLE, clock=cfg.get("clock", "work"),
         commands="\n".join(f"<p><code>{html.escape(str(c))}</code></p>" for c in commands),
         verdicts=_verdicts(payload), answer=_blocks(format_answer(payload)),
-        envelope=_blocks(format_envelope(payload["envelope"], metric)),
+        envelope=_blocks(format_envelope(payload)),
         equal_figures="\n".join(figures[k] for k in ("equal_time", "metric_vs_time") if k in figures),
-        summary=_blocks(format_summary(payload["summary"], metric, goal, payload["tolerance"], clock)),
+        summary=_blocks(format_summary(payload)),
         realisation=_blocks(format_realisation(payload)),
-        twins=_blocks(format_controls(controls, metric)) if controls["rows"] else
+        twins=_blocks(format_controls(payload)) if payload["controls"]["rows"] else
         "<p>No twin ran (add --controls, or a method's twin to --methods).</p>",
         runs=_runs(payload),
         run_figures="\n".join(figures[k] for k in ("kept_per_epoch", "loss_histograms") if k in figures),
         glossary="".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(d)}</dd>" for k, d in GLOSSARY),
         environment=_environment(payload),
     )  # fmt: skip
-
-
-def write_html(path: Path, payload: dict[str, Any], plots: list[Path]) -> Path:
-    """Write :func:`render`'s page to ``path`` (atomically); the path."""
-    atomic_write_text(path, render(payload, plots))
-    return path

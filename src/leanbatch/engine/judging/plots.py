@@ -12,7 +12,7 @@ from typing import Any
 
 from leanbatch.engine.judging.envelope import envelope_at
 from leanbatch.engine.judging.files import atomic_open
-from leanbatch.engine.judging.records import RunRecord, clock_axis, work_scale
+from leanbatch.engine.judging.records import AXES, RunRecord, work_scale
 from leanbatch.engine.judging.verdicts import std_of
 
 __all__ = ["PLOT_NAMES", "write_plots"]
@@ -55,23 +55,16 @@ def write_plots(payload: dict[str, Any], out_dir: Path) -> list[Path]:
         written.append(_metric_plot(plt, payload, groups, label, title, out_dir / "metric_vs_time.png"))
         if any(r["num_samples"] for runs in groups.values() for r in runs):
             written.append(_kept_plot(plt, groups, title, out_dir / "kept_per_epoch.png"))
-    hist_run = _own_histograms(payload)
-    if hist_run is not None:
-        written.append(_histogram_plot(plt, hist_run, out_dir / "loss_histograms.png"))
+    # the scores of a method's own arm (not a twin: the yardstick it is judged against), else any run's
+    twins = {m.get("control") for m in cfg.get("methods", [])} - {None}
+    have = [r for r in payload["runs"] if r["histograms"]]
+    own = [r for r in have if r["method"] not in twins and "~" not in r["method"]]
+    if have:
+        written.append(_histogram_plot(plt, (own or have)[0], out_dir / "loss_histograms.png"))
     section = payload["envelope"]
     if sum(len(points) for points in section["families"].values()) >= 2:
         written.append(_equal_time_plot(plt, section, label, title, out_dir / "equal_time.png"))
     return written
-
-
-def _own_histograms(payload: dict[str, Any]) -> dict[str, Any] | None:
-    """The run whose scores to show: the first of a method's own arm (not a twin, the yardstick it is
-    judged against), else the first that has histograms."""
-    twins = {m.get("control") for m in payload["config"].get("methods", [])} - {None}
-    have = [r for r in payload["runs"] if r["histograms"]]
-    return next(
-        (r for r in have if r["method"] not in twins and "~" not in r["method"]), have[0] if have else None
-    )
 
 
 def _zoom(ax: Any, curves: list[list[float]], marks: list[float]) -> None:
@@ -103,7 +96,7 @@ def _metric_plot(
         ax.axhspan(base["target"], base["metric_mean"], color="grey", alpha=0.12, lw=0)
         marks = [base["target"], base["metric_mean"]]
     _zoom(ax, curves, marks)
-    _label(ax, clock_axis(clock)[1], label, f"{label} vs cost: {title}", True)
+    _label(ax, AXES[clock][1], label, f"{label} vs cost: {title}", True)
     return _save(fig, path)
 
 
@@ -119,13 +112,11 @@ def _kept_plot(plt: Any, groups: dict[str, Any], title: str, path: Path) -> Path
         num, shift = runs[0]["num_samples"], (k - (len(shown) - 1) / 2) * 0.3 / max(len(shown), 1)
         fwd = [x / num for x in _mean_curve(runs, "loaded")]
         bwd = [x / num for x in _mean_curve(runs, "backpropagated")]
-        marker = _MARKERS[k % len(_MARKERS)]
-        (line,) = ax.plot(
-            [i + shift for i in range(len(fwd))], fwd, marker=marker, ms=4, label=f"{name}: loaded"
-        )
+        marker, xs = _MARKERS[k % len(_MARKERS)], [i + shift for i in range(len(fwd))]
+        (line,) = ax.plot(xs, fwd, marker=marker, ms=4, label=f"{name}: loaded")
         if any(abs(a - b) > 1e-9 for a, b in zip(fwd, bwd, strict=True)):
-            ax.plot([i + shift for i in range(len(bwd))], bwd, ls="--", marker=marker, ms=4, mfc="none",
-                    color=line.get_color(), label=f"{name}: backprop")  # fmt: skip
+            ax.plot(xs, bwd, ls="--", marker=marker, ms=4, mfc="none", color=line.get_color(),
+                    label=f"{name}: backprop")  # fmt: skip
     ax.set_ylim(0, 1.08)
     _label(
         ax,
@@ -200,7 +191,7 @@ def _equal_time_plot(plt: Any, section: dict[str, Any], label: str, title: str, 
             [sum(ts) / len(ts)], [sum(ms) / len(ms)], xerr=[std_of(ts)], yerr=[std_of(ms)], marker="o", ms=6,
             capsize=3, ls="none", label=f"{row['method']}: {diff}{row['verdict']}",
         )  # fmt: skip
-    _label(ax, clock_axis(section.get("clock", "work"))[1], f"final {label}", f"At equal cost: {title}")
+    _label(ax, AXES[section.get("clock", "work")][1], f"final {label}", f"At equal cost: {title}")
     return _save(fig, path)
 
 

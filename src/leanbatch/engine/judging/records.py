@@ -27,10 +27,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["CLOCKS", "EpochRecord", "RunRecord", "clock_axis", "work_scale"]
+__all__ = ["AXES", "CLOCKS", "EpochRecord", "RunRecord", "work_scale"]
 
 CLOCKS = ("work", "wall", "cpu")
-_AXES = {
+AXES = {  # each clock's column head, axis label and number format
     "work": ("work", "work (share of the full baseline's FLOP-weighted passes)", ".3f"),
     "wall": ("time s", "training wall-clock (s, evaluation excluded)", ".1f"),
     "cpu": ("cpu s", "training CPU time (s, evaluation excluded)", ".1f"),
@@ -165,13 +165,3 @@ def work_scale(runs: Sequence[RunRecord]) -> float:
     """
     base = [w for r in runs if r.method == "baseline" and (w := r.totals()["work_fraction"])]
     return statistics.fmean(base) if base else 1.0
-
-
-def clock_axis(clock: str) -> tuple[str, str, str]:
-    """A clock's column head, its axis label and its number format.
-
-    Example:
-        >>> clock_axis("work")[0], clock_axis("wall")[2]
-        ('work', '.1f')
-    """
-    return _AXES[clock]

@@ -13,6 +13,12 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from leanbatch.engine.judging.files import atomic_write_text
+from leanbatch.engine.judging.html import render
+from leanbatch.engine.judging.outputs import write_results
+from leanbatch.engine.judging.plots import write_plots
+from leanbatch.engine.judging.tables import format_brief, format_results
+
 __all__ = ["Report", "closing", "publish", "terminal_width"]
 
 
@@ -24,15 +30,11 @@ class Report(dict):  # type: ignore[type-arg]
     @property
     def answer(self) -> str:
         """The answer in a few lines per method, as wide as the terminal (what the command prints last)."""
-        from leanbatch.engine.judging.tables import format_brief
-
         return format_brief(self, terminal_width())
 
     @property
     def text(self) -> str:
         """The full tables: the answer, one row per method, then the realisation, the summary, the envelope and the controls."""
-        from leanbatch.engine.judging.tables import format_results
-
         return format_results(self)
 
     def save(self, folder: str | Path, plots: bool = True) -> list[Path]:
@@ -50,17 +52,12 @@ def terminal_width() -> int:
 def publish(payload: dict[str, Any], results: Path, plots: Path | None) -> list[Path]:
     """Write ``results`` (results.json), draw the plots and write ``report.html`` into the folder
     ``plots`` (None: neither); every file atomically. The files written."""
-    from leanbatch.engine.judging.outputs import write_results
-
     write_results(results, payload)
-    written = [results]
-    if plots is not None:
-        from leanbatch.engine.judging.html import write_html
-        from leanbatch.engine.judging.plots import write_plots
-
-        images = write_plots(payload, plots)
-        written += images + [write_html(plots / "report.html", payload, images)]
-    return written
+    if plots is None:
+        return [results]
+    images = write_plots(payload, plots)
+    atomic_write_text(plots / "report.html", render(payload, images))
+    return [results, *images, plots / "report.html"]
 
 
 def closing(
@@ -68,8 +65,6 @@ def closing(
 ) -> str:
     """What the command prints when a study is judged: the full tables (``tables``), the files
     ``written``, and last the answer, no line wider than the terminal."""
-    from leanbatch.engine.judging.tables import format_brief, format_results
-
     width = terminal_width()
     html = next((p for p in written if p.suffix == ".html"), None)
     folder = written[0].parent

@@ -16,7 +16,7 @@ from typing import Any
 from leanbatch.engine.judging.controls import controls
 from leanbatch.engine.judging.envelope import envelope
 from leanbatch.engine.judging.records import RunRecord, work_scale
-from leanbatch.engine.judging.verdicts import better, mean_of, spread_of, std_of
+from leanbatch.engine.judging.verdicts import mean_of, spread_of, std_of
 
 __all__ = [
     "DEFAULT_TOLERANCE",
@@ -65,7 +65,7 @@ def tolerance_of(spec: float | str, base_metric: float) -> float:
 
 def _to_target(run: RunRecord, target: float, goal: str, clock: str, scale: float) -> float | None:
     for e, cost in zip(run.epochs, run.curve(clock, scale), strict=True):
-        if e.metric is not None and (e.metric == target or better(e.metric, target, goal)):
+        if e.metric is not None and (e.metric >= target if goal == "max" else e.metric <= target):
             return cost
     return None
 

@@ -6,7 +6,7 @@ Every table names the metric and its goal (``higher is better`` / ``lower is bet
 realisation are on the study's clock (``work`` by default: the same training prints them the same).
 
 Example:
-    >>> print(format_controls({"rows": []}, "accuracy"))
+    >>> print(format_controls({"config": {}, "controls": {"rows": []}}))
     controls: none (add --controls)
 """
 
@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import math
 import textwrap
-from collections.abc import Collection, Iterator, Sequence
+from collections.abc import Collection, Iterator
 from typing import Any
 
-from leanbatch.engine.judging.records import clock_axis
+from leanbatch.engine.judging.records import AXES
 from leanbatch.engine.judging.verdicts import std_of
 
 __all__ = [
@@ -41,21 +41,18 @@ def _fmt(x: Any, spec: str, suffix: str = "") -> str:
 
 
 def _markdown(lines: list[list[str]], left: Collection[int] = (0,)) -> list[str]:
-    """Rows of cells as an aligned Markdown table: the ``left`` columns flush left, the others right."""
+    """Rows of cells (the head first) as an aligned Markdown table: the ``left`` columns flush left,
+    the others right."""
     widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
-    out = []
-    for n, line in enumerate(lines):
-        cells = [
-            c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths, strict=True))
-        ]
-        out.append("| " + " | ".join(cells) + " |")
-        if n == 0:
-            out.append(
-                "|"
-                + "|".join("-" * (w + 2) if i in left else "-" * (w + 1) + ":" for i, w in enumerate(widths))
-                + "|"
-            )
-    return out
+    align = ["<" if i in left else ">" for i in range(len(widths))]
+    out = [
+        "| " + " | ".join(f"{c:{a}{w}}" for c, a, w in zip(line, align, widths, strict=True)) + " |"
+        for line in lines
+    ]
+    rule = "|".join(
+        "-" * (w + 2) if a == "<" else "-" * (w + 1) + ":" for a, w in zip(align, widths, strict=True)
+    )
+    return [out[0], f"|{rule}|", *out[1:]]
 
 
 def _saved(ratio: float | None) -> str:
@@ -76,6 +73,12 @@ def tolerance_text(spec: float | str, metric: str) -> str:
         if isinstance(spec, str)
         else f"{spec:g} (in {metric} units)"
     )
+
+
+def _study(payload: dict[str, Any]) -> tuple[str, str, str]:
+    """The study's metric, goal and clock (a doctest's bare config: ``metric``, ``max``, ``work``)."""
+    cfg = payload["config"]
+    return cfg.get("metric", "metric"), cfg.get("goal", "max"), cfg.get("clock", "work")
 
 
 def _goal(goal: str) -> str:
@@ -158,17 +161,15 @@ def answers(payload: dict[str, Any]) -> Iterator[tuple[dict[str, Any], Any, Any,
 def format_answer(payload: dict[str, Any]) -> str:
     """One line per method that is not a baseline: the answer, ahead of the tables (judged on the
     study's clock: the same training prints the same answer on any machine)."""
-    cfg = payload["config"]
-    metric, goal, clock = cfg.get("metric", "metric"), cfg.get("goal", "max"), cfg.get("clock", "work")
-    saved = "work saved" if clock == "work" else f"{clock_axis(clock)[0].removesuffix(' s')} saved"
-    head = ["method", saved, f"{metric} vs baseline", "vs envelope", "vs its twin", "verdict"]
-    lines = [head]
-    for row, e, t, verdict in answers(payload):
-        lines.append([
-            row["method"], _saved(row["cost_ratio_vs_baseline"]),
-            _fmt(row["metric_delta_vs_baseline"], "+.3g"), "-" if e is None else _diff(e), _diff(t), verdict,
-        ])  # fmt: skip
-    seeds = cfg.get("seeds", [])
+    metric, goal, clock = _study(payload)
+    saved = "work saved" if clock == "work" else f"{AXES[clock][0].removesuffix(' s')} saved"
+    lines = [["method", saved, f"{metric} vs baseline", "vs envelope", "vs its twin", "verdict"]]
+    lines += [
+        [row["method"], _saved(row["cost_ratio_vs_baseline"]), _fmt(row["metric_delta_vs_baseline"], "+.3g"),
+         "-" if e is None else _diff(e), _diff(t), verdict]
+        for row, e, t, verdict in answers(payload)
+    ]  # fmt: skip
+    seeds = payload["config"].get("seeds", [])
     title = (
         f"the answer: {metric} ({_goal(goal)}), {len(seeds)} seed(s), {clock} clock; each method against the full "
         f"baseline, the envelope (the baseline trained for fewer steps or on smaller batches, at the method's own "
@@ -189,10 +190,10 @@ def format_brief(payload: dict[str, Any], width: int = 100, where: str = "") -> 
         the answer (metric, higher is better; 1 seed(s); work clock):
           no method but the baseline
     """
-    cfg = payload["config"]
-    metric, clock = cfg.get("metric", "metric"), cfg.get("clock", "work")
+    metric, goal, clock = _study(payload)
     saved = "work" if clock == "work" else f"{clock} time"
-    head = f"the answer ({metric}, {_goal(cfg.get('goal', 'max'))}; {len(cfg.get('seeds', []))} seed(s); {clock} clock):"
+    seeds = len(payload["config"].get("seeds", []))
+    head = f"the answer ({metric}, {_goal(goal)}; {seeds} seed(s); {clock} clock):"
     lines = textwrap.wrap(head, width)
     rows = list(answers(payload))
     for row, e, t, verdict in rows:
@@ -218,24 +219,24 @@ def format_brief(payload: dict[str, Any], width: int = 100, where: str = "") -> 
     return "\n".join(lines)
 
 
-def format_summary(
-    rows: Sequence[dict[str, Any]], metric: str, goal: str, tolerance: float | str, clock: str = "work"
-) -> str:
-    """Every arm's metric, cost on ``clock`` and work (``fwd``, ``bwd``, ``ideal x``, ``t->target``)."""
-    head, _, spec = clock_axis(clock)
+def format_summary(payload: dict[str, Any]) -> str:
+    """Every arm's metric, cost on the study's clock and work (``fwd``, ``bwd``, ``ideal x``, ``t->target``)."""
+    metric, goal, clock = _study(payload)
+    rows, tolerance = payload["summary"], payload["tolerance"]
+    head, _, spec = AXES[clock]
     unit = head.removesuffix(" s")
     lines = [["method", f"{metric} ({goal})", head, f"{unit} saved", "fwd", "bwd", "ideal x", "t->target"]]
     for r in rows:
-        ratio, reach = r["cost_ratio_vs_baseline"], r["to_target"]
+        reach = r["to_target"]
         reach_s = (
             f"- ({r['reached_target']}/{len(r['seeds'])})"
             if reach is None and r["reached_target"] is not None
             else _fmt(reach, spec)
         )
         lines.append([
-            r["method"], _value(r["metric_mean"], r["metric_std"]),
-            _fmt(r["cost_mean"], spec), _saved(ratio),
-            _fmt(r["forward_fraction"], ".2f"), _fmt(r["backward_fraction"], ".2f"), _fmt(r["ideal_speedup"], ".2f"), reach_s,
+            r["method"], _value(r["metric_mean"], r["metric_std"]), _fmt(r["cost_mean"], spec),
+            _saved(r["cost_ratio_vs_baseline"]), _fmt(r["forward_fraction"], ".2f"),
+            _fmt(r["backward_fraction"], ".2f"), _fmt(r["ideal_speedup"], ".2f"), reach_s,
         ])  # fmt: skip
     seeds = rows[0]["seeds"] if rows else []
     way = "-" if goal == "max" else "+"
@@ -251,13 +252,12 @@ def format_realisation(payload: dict[str, Any]) -> str:
     ``achieved``, mean ± std over seeds), and one line when the baseline's own timing spread is
     larger than an arm's time saved."""
     lines = [["method", "time s", "time saved", "actual x", "achieved", "cpu x"]]
-    for r in payload["summary"]:
-        ratio = r["time_ratio_vs_baseline"]
-        lines.append([
-            r["method"], _value(r["time_s_mean"], r["time_s_std"]),
-            _saved(ratio), _pm(r["actual_speedup"], r["actual_speedup_std"]), _pm(r["achieved_of_ideal"], r["achieved_std"]),
-            _fmt(r["cpu_speedup"], ".2f"),
-        ])  # fmt: skip
+    lines += [
+        [r["method"], _value(r["time_s_mean"], r["time_s_std"]), _saved(r["time_ratio_vs_baseline"]),
+         _pm(r["actual_speedup"], r["actual_speedup_std"]), _pm(r["achieved_of_ideal"], r["achieved_std"]),
+         _fmt(r["cpu_speedup"], ".2f")]
+        for r in payload["summary"]
+    ]  # fmt: skip
     note = "\non this machine (wall-clock, training only): actual x = the full baseline's time / the arm's, paired by seed; achieved = actual / ideal"
     timing = payload.get("timing") or {}
     if timing.get("within_noise"):
@@ -272,17 +272,18 @@ def _pm(mean: float | None, std: float | None) -> str:
     return _fmt(mean, ".2f") + ("" if mean is None or std is None else f" ± {std:.2f}")
 
 
-def format_envelope(section: dict[str, Any], metric: str) -> str:
+def format_envelope(payload: dict[str, Any]) -> str:
     """The envelope's points, then every arm against the envelope (paired by seed, at its own cost).
 
     Example:
-        >>> format_envelope({"families": {}, "rows": []}, "accuracy")
+        >>> format_envelope({"config": {}, "envelope": {"families": {}, "rows": []}})
         'envelope: no baseline budget runs, no envelope (add --budgets or --batch-budgets)'
     """
+    section, metric = payload["envelope"], _study(payload)[0]
     families = section["families"]
     if sum(len(points) for points in families.values()) < 2:
         return "envelope: no baseline budget runs, no envelope (add --budgets or --batch-budgets)"
-    time_head, _, spec = clock_axis(section.get("clock", "work"))
+    time_head, _, spec = AXES[section.get("clock", "work")]
     head = [
         "method",
         "family / reached by",
@@ -294,12 +295,11 @@ def format_envelope(section: dict[str, Any], metric: str) -> str:
         "verdict",
     ]
     lines = [head]
-    for family, points in families.items():
-        for p in points:
-            lines.append([
-                p["method"], f"{family} {p['share']:g}", _value(p["metric_mean"], p["metric_std"]),
-                _fmt(p["cost_mean"], spec), "", "", "", "envelope",
-            ])  # fmt: skip
+    lines += [
+        [p["method"], f"{family} {p['share']:g}", _value(p["metric_mean"], p["metric_std"]),
+         _fmt(p["cost_mean"], spec), "", "", "", "envelope"]
+        for family, points in families.items() for p in points
+    ]  # fmt: skip
     for r in section["rows"]:
         metrics = [s["metric"] for s in r["per_seed"]]
         by = [s.get("family") for s in r["per_seed"] if s.get("family")]
@@ -317,11 +317,12 @@ def format_envelope(section: dict[str, Any], metric: str) -> str:
     return "\n".join([*_markdown(lines, left=(0, 1, len(head) - 1)), note])
 
 
-def format_controls(section: dict[str, Any], metric: str) -> str:
+def format_controls(payload: dict[str, Any]) -> str:
     """Each method against its uniform twin, paired by seed."""
+    section, metric = payload["controls"], _study(payload)[0]
     if not section["rows"]:
         return "controls: none (add --controls)"
-    cost, _, spec = clock_axis(section.get("clock", "work"))
+    cost, _, spec = AXES[section.get("clock", "work")]
     head = [
         "method",
         "twin",
@@ -334,11 +335,11 @@ def format_controls(section: dict[str, Any], metric: str) -> str:
         "verdict",
     ]
     lines = [head]
-    for r in section["rows"]:
-        lines.append([
-            r["method"], r["control"], _fmt(r["metric_mean"], ".4g"), _fmt(r["control_metric_mean"], ".4g"),
-            _fmt(r["cost_mean"], spec), _fmt(r["control_cost_mean"], spec), _spread(r), _ci(r), _verdict(r),
-        ])  # fmt: skip
+    lines += [
+        [r["method"], r["control"], _fmt(r["metric_mean"], ".4g"), _fmt(r["control_metric_mean"], ".4g"),
+         _fmt(r["cost_mean"], spec), _fmt(r["control_cost_mean"], spec), _spread(r), _ci(r), _verdict(r)]
+        for r in section["rows"]
+    ]  # fmt: skip
     note = (
         f"\ncontrols ({metric}, {_goal(section.get('goal', 'max'))}): each method against its uniform twin (the same "
         "budget chosen at random), paired by seed, each at its own cost; vs twin = mean ± std of the per-seed "
@@ -350,16 +351,9 @@ def format_controls(section: dict[str, Any], metric: str) -> str:
 def format_results(payload: dict[str, Any]) -> str:
     """The whole terminal report: the answer, the realisation on this machine, the summary, the envelope
     and the controls (on ``config.clock``)."""
-    cfg = payload["config"]
-    metric, goal = cfg.get("metric", "metric"), cfg.get("goal", "max")
-    parts = [
-        format_answer(payload),
-        format_realisation(payload),
-        format_summary(payload["summary"], metric, goal, payload["tolerance"], cfg.get("clock", "work")),
-        format_envelope(payload["envelope"], metric),
-    ]
+    parts = [f(payload) for f in (format_answer, format_realisation, format_summary, format_envelope)]
     if payload["controls"]["rows"]:
-        parts.append(format_controls(payload["controls"], metric))
+        parts.append(format_controls(payload))
     if payload.get("failed"):
         parts.append(
             "failed: " + "; ".join(f"{f['method']} seed {f['seed']}: {f['error']}" for f in payload["failed"])

@@ -35,7 +35,6 @@ __all__ = [
     "Comparison",
     "Interval",
     "SeedComparison",
-    "better",
     "default_goal",
     "interpolate",
     "interval",
@@ -73,16 +72,6 @@ def default_goal(metric: str) -> str:
     """
     name = metric.lower()
     return "min" if any(w in name for w in ("loss", "perplexity", "ppl", "error", "mse", "mae")) else "max"
-
-
-def better(a: float, b: float, goal: str) -> bool:
-    """Whether metric ``a`` is better than ``b`` under ``goal``.
-
-    Example:
-        >>> better(0.9, 0.8, "max"), better(0.9, 0.8, "min")
-        (True, False)
-    """
-    return a > b if goal == "max" else a < b
 
 
 def interpolate(points: Sequence[tuple[float, float]], t: float) -> float | None:
