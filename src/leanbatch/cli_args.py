@@ -87,11 +87,11 @@ def int_list(
 def _bench_parser(sub: Any) -> None:
     from leanbatch.arms.registry import kinds_help
     from leanbatch.cli_cluster import ray_options
-    from leanbatch.cli_help import BENCH_DESCRIPTION, HelpFormatter, bench_epilog
+    from leanbatch.cli_help import BENCH_DESCRIPTION, EXAMPLES, HelpFormatter
 
     b = sub.add_parser(
         "bench", help="train a task under each method and compare time and metric",
-        description=BENCH_DESCRIPTION, epilog=bench_epilog(kinds_help()), formatter_class=HelpFormatter,
+        description=BENCH_DESCRIPTION, epilog=f"{EXAMPLES}\n{kinds_help()}", formatter_class=HelpFormatter,
     )  # fmt: skip
     _run_options(b)
     _image_options(b)

@@ -171,17 +171,6 @@ def study_from(args: argparse.Namespace) -> Study:
     return study
 
 
-def _plots_available(args: argparse.Namespace) -> None:
-    if args.no_plots:
-        return
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise CLIError(
-            'the plots need matplotlib: pip install "leanbatch[bench]", or pass --no-plots'
-        ) from None
-
-
 def run_bench(args: argparse.Namespace) -> int:
     """``leanbatch bench``: the study, its arms in turns, the results published; the exit status (0; 2
     when an arm failed, after the others' results are written; 130 after Ctrl-C). Bad input is a
@@ -196,7 +185,13 @@ def _bench(args: argparse.Namespace, main: bool) -> int:
     from leanbatch.engine.judging.report import closing, publish, terminal_width
     from leanbatch.engine.judging.results import build_results
 
-    _plots_available(args)
+    if not args.no_plots:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise CLIError(
+                'the plots need matplotlib: pip install "leanbatch[bench]", or pass --no-plots'
+            ) from None
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise CLIError(f"--out {out} exists and is not a folder")
