@@ -1,16 +1,9 @@
 """Dataset indices that travel with Hugging Face batches and never reach the model.
 
-The Trainer's data path is: dataset items -> ``RemoveColumnsCollator`` (keeps only the
-model's ``forward`` arguments and the label columns, when ``remove_unused_columns``) ->
-the user's collator -> accelerate (device placement, sharding of batches). Each item of
-:class:`IndexedDataset` (the core's :class:`~leanbatch.indexed.WithIndex`, its indices kept
-apart) carries its dataset index under :data:`INDEX_KEY`; the adapter adds
-that key to the Trainer's signature columns so it survives ``remove_unused_columns``, and
-:class:`IndexCollator` takes it out of every item before the user's collator runs and puts
-the whole batch's indices back as one :class:`Rows` object. ``Rows`` is not a tensor and
-has no ``.to``, so neither accelerate nor the Trainer moves it: the indices stay on the CPU,
-where reading them costs no device synchronisation. The Trainer subclass removes the key
-before ``forward``.
+:class:`IndexedDataset` tags each item with its index (kept through ``remove_unused_columns`` as a
+signature column); :class:`IndexCollator` takes the tags out before the user's collator runs and
+attaches the batch's indices as one :class:`Rows`. ``Rows`` is not a tensor and has no ``.to``, so
+neither accelerate nor the Trainer moves it: the indices stay on the CPU, read with no device sync.
 """
 
 from __future__ import annotations
