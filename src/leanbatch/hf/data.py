@@ -110,14 +110,12 @@ class IndexCollator:
                 f"the data collator returned a {type(batch).__name__}; the Trainer (and leanbatch.hf) need a "
                 "dict of model inputs, e.g. {'input_ids': ..., 'attention_mask': ..., 'labels': ...}"
             )
+        labels, n = batch.get("labels"), len(indices)
+        if not isinstance(labels, Tensor) or labels.dim() == 0 or labels.shape[0] != n:
+            labelled = torch.ones(n, dtype=torch.bool)  # no token labels here: the loss says what is wrong
+        else:
+            labelled = (labels[:, 1:] if self.shift and labels.dim() > 1 else labels) != -100
+            labelled = labelled.reshape(n, -1).any(dim=1).cpu()
         idx = torch.tensor(indices, dtype=torch.int64)
-        labelled = self._labelled(batch.get("labels"), len(indices))
         batch[INDEX_KEY] = Rows(idx, labelled, sequences=sequences_per_item(items))
         return batch
-
-    def _labelled(self, labels: Any, n: int) -> Tensor:
-        if not isinstance(labels, Tensor) or labels.dim() == 0 or labels.shape[0] != n:
-            return torch.ones(n, dtype=torch.bool)  # no token labels here: the loss says what is wrong
-        if self.shift and labels.dim() > 1:
-            labels = labels[:, 1:]
-        return (labels != -100).reshape(n, -1).any(dim=1).cpu()
