@@ -1,12 +1,5 @@
-"""``LeanBatchCallback``: InfoBatch and Selective Backprop in a stock Lightning ``Trainer``.
-
-The callback owns no algorithm: it holds an :class:`~leanbatch.InfoBatch` and/or a
-:class:`~leanbatch.SelectiveBackprop`, hands the DataLoader its dataset (items that
-carry their index) and sampler, and in ``training_step`` the module calls
-:meth:`LeanBatchCallback.select` (Selective Backprop) and returns
-:meth:`LeanBatchCallback.loss` (scores stored, InfoBatch-weighted mean). Lightning's
-hooks do the rest: epoch lengths, checkpoints, DDP merging and logging.
-"""
+"""``LeanBatchCallback``: InfoBatch and Selective Backprop in a stock Lightning ``Trainer`` (how it
+is used: the package docstring, :mod:`leanbatch.lightning`)."""
 
 from __future__ import annotations
 
