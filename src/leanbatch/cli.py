@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from leanbatch.cli_args import CLIError, build_parser, check_micro_options, int_list  # argparse only
+from leanbatch.cli_args import CLIError, build_parser, check_micro_options, check_out_folder, int_list
 
 __all__ = ["main", "build_parser"]
 
@@ -30,7 +30,6 @@ def run_report(args: argparse.Namespace) -> int:
     They go to ``--out`` or to ``<name>.report/`` beside the input, and replace nothing but an
     earlier report's output there (:func:`leanbatch.engine.judging.outputs.check_report_folder`).
     """
-    from leanbatch.cli_args import check_out_folder
     from leanbatch.engine.judging.outputs import (
         REPORT_KEY,
         check_report_folder,

@@ -87,11 +87,11 @@ def int_list(
 def _bench_parser(sub: Any) -> None:
     from leanbatch.arms.registry import kinds_help
     from leanbatch.cli_cluster import ray_options
-    from leanbatch.cli_help import BENCH_DESCRIPTION, HelpFormatter, bench_epilog
+    from leanbatch.cli_help import BENCH_DESCRIPTION, EXAMPLES, HelpFormatter
 
     b = sub.add_parser(
         "bench", help="train a task under each method and compare time and metric",
-        description=BENCH_DESCRIPTION, epilog=bench_epilog(kinds_help()), formatter_class=HelpFormatter,
+        description=BENCH_DESCRIPTION, epilog=f"{EXAMPLES}\n{kinds_help()}", formatter_class=HelpFormatter,
     )  # fmt: skip
     _run_options(b)
     _image_options(b)
@@ -312,16 +312,7 @@ def _checked(check: Callable[..., Any], value: Any, option: str, *args: Any, **k
 
 def check_training_options(args: argparse.Namespace) -> None:
     """Raise :class:`CLIError` unless the options every arm shares are in range (the image task's
-    with it; the methods' own ranges are checked per arm).
-
-    Example:
-        >>> args = build_parser().parse_args(["bench", "--momentum", "0"])
-        >>> try:
-        ...     check_training_options(args)
-        ... except CLIError as e:
-        ...     print(str(e).split(": ")[0])
-        --momentum must be a finite number in (0, 1), got 0.0
-    """
+    with it; the methods' own ranges are checked per arm)."""
     from leanbatch.checks import check_int, check_real
     from leanbatch.engine.judging.results import parse_tolerance
 
@@ -369,16 +360,7 @@ def check_out_folder(out: Path, check: Callable[[Path], None] | None = None) -> 
 
 def check_micro_options(args: argparse.Namespace) -> Path | None:
     """The ``--json`` file of ``leanbatch micro`` (None without one), after checking, before anything
-    runs, that every count is at least 1 (a batch to select from at least 2) and the file writable.
-
-    Example:
-        >>> args = build_parser().parse_args(["micro", "update", "--steps", "0"])
-        >>> try:
-        ...     check_micro_options(args)
-        ... except CLIError as e:
-        ...     print(e)
-        --steps must be an int >= 1, got 0
-    """
+    runs, that every count is at least 1 (a batch to select from at least 2) and the file writable."""
     from leanbatch.checks import check_int
     from leanbatch.engine.judging.files import check_target, check_writable_folder
 

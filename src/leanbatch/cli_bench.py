@@ -72,8 +72,6 @@ def _arms(args: argparse.Namespace) -> list[Any]:
 
 def _image_task(args: argparse.Namespace, arms: list[Any]) -> tuple[Any, dict[str, Any], dict[str, Any], str]:
     """The built-in image task from its options: the task, its config, its data, the seeds' text."""
-    import torch
-
     from leanbatch.tasks.images.config import TrainConfig
     from leanbatch.tasks.images.data import load_data
     from leanbatch.tasks.images.presets import resolve
@@ -97,8 +95,6 @@ def _image_task(args: argparse.Namespace, arms: list[Any]) -> tuple[Any, dict[st
     given |= {"epochs": opts["epochs"], "model": opts["model"], "widths": widths}
     given["device"] = resolve_device(args.device or "auto")
     cfg = TrainConfig(**{k: v for k, v in given.items() if v is not None})
-    if args.threads:
-        torch.set_num_threads(args.threads)
     data = load_data(opts["data"], args.limit_train, args.limit_test)
     for note in data.notes:
         print(f"leanbatch: note: {note}", flush=True)
@@ -116,8 +112,6 @@ def _image_task(args: argparse.Namespace, arms: list[Any]) -> tuple[Any, dict[st
 
 
 def _user_task(args: argparse.Namespace) -> tuple[Any, dict[str, Any], dict[str, Any], str]:
-    import torch
-
     from leanbatch.engine.running.contract import load_task
 
     given = [o for o in IMAGE_OPTIONS if getattr(args, o) not in (None, False)]
@@ -126,19 +120,20 @@ def _user_task(args: argparse.Namespace) -> tuple[Any, dict[str, Any], dict[str,
         raise CLIError(
             f"{opt} is an option of the built-in image task: with --task, your task sets its own training"
         )
-    if args.threads:
-        torch.set_num_threads(args.threads)
     task = load_task(args.task)
     return task, {"task": args.task, "header": f"task {args.task}"}, {"name": args.task}, args.seeds or "0"
 
 
 def study_from(args: argparse.Namespace) -> Study:
     """Every option checked and the task loaded, before anything trains: the :class:`~leanbatch.engine.running.study.Study`."""
+    import torch
+
     from leanbatch.engine.judging.verdicts import default_goal
     from leanbatch.engine.running.study import Study
 
     check_training_options(args)
-
+    if args.threads:
+        torch.set_num_threads(args.threads)
     if args.task:
         task, config, data, seeds_text = _user_task(args)
         arms = _arms(args)
@@ -171,17 +166,6 @@ def study_from(args: argparse.Namespace) -> Study:
     return study
 
 
-def _plots_available(args: argparse.Namespace) -> None:
-    if args.no_plots:
-        return
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise CLIError(
-            'the plots need matplotlib: pip install "leanbatch[bench]", or pass --no-plots'
-        ) from None
-
-
 def run_bench(args: argparse.Namespace) -> int:
     """``leanbatch bench``: the study, its arms in turns, the results published; the exit status (0; 2
     when an arm failed, after the others' results are written; 130 after Ctrl-C). Bad input is a
@@ -196,7 +180,13 @@ def _bench(args: argparse.Namespace, main: bool) -> int:
     from leanbatch.engine.judging.report import closing, publish, terminal_width
     from leanbatch.engine.judging.results import build_results
 
-    _plots_available(args)
+    if not args.no_plots:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise CLIError(
+                'the plots need matplotlib: pip install "leanbatch[bench]", or pass --no-plots'
+            ) from None
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise CLIError(f"--out {out} exists and is not a folder")
@@ -300,17 +290,9 @@ def _status(outcome: Outcome, target: Path, results: Path) -> int:
 
 
 def _done(run: Any, metric: str, bar: Any) -> None:
-    """A finished run: its line (above the bar), and the bar moved on. Called on a Ray driver through a
-    Tune callback that Tune pickles: it holds no builtin (``print`` is looked up here)."""
-    if bar is None:
-        print(_line(run, metric), flush=True)
-    else:
-        bar.write(_line(run, metric))
-        bar.done(run)
-
-
-def _line(run: Any, metric: str) -> str:
-    """The compact line printed when a run finishes, wrapped to the terminal's width."""
+    """A finished run: its compact line, wrapped to the terminal (above the bar), and the bar moved on.
+    Called on a Ray driver through a Tune callback that Tune pickles: it holds no builtin (``print``
+    is looked up here)."""
     from leanbatch.engine.judging.report import terminal_width
 
     tot = run.totals()
@@ -319,4 +301,9 @@ def _line(run: Any, metric: str) -> str:
     line = f"{run.method} seed {run.seed}: {metric} {run.metric:.4g}, {run.train_time_s:.1f} s"
     line += "" if fwd is None else f", fwd {fwd:.2f} bwd {bwd:.2f}"
     line += f", {dropped} served not trained" if dropped else ""
-    return "\n".join(textwrap.wrap(line, terminal_width(), initial_indent="  ", subsequent_indent="    "))
+    text = "\n".join(textwrap.wrap(line, terminal_width(), initial_indent="  ", subsequent_indent="    "))
+    if bar is None:
+        print(text, flush=True)
+    else:
+        bar.write(text)
+        bar.done(run)

@@ -1,7 +1,7 @@
 """The texts of ``leanbatch bench --help``: what the command does, examples to copy, and the note
 that a bracketed method needs quotes in a shell. Every line is at most 100 columns.
 
->>> max(len(line) for line in bench_epilog("").splitlines()) <= 100
+>>> max(len(line) for line in (BENCH_DESCRIPTION + EXAMPLES).splitlines()) <= 100
 True
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import shutil
 
-__all__ = ["BENCH_DESCRIPTION", "HelpFormatter", "bench_epilog"]
+__all__ = ["BENCH_DESCRIPTION", "EXAMPLES", "HelpFormatter"]
 
 WIDTH = 100  # the widest line of the help, whatever the terminal
 
@@ -30,7 +30,7 @@ each method's uniform twin. Prints a compact line per finished run, then the ans
 than the terminal); the full tables go to report.html and results.json in --out (--tables prints
 them too)."""
 
-_EXAMPLES = """\
+EXAMPLES = """\
 examples:
   leanbatch bench --quick                                   # built-in task: 5,000 MNIST digits
   leanbatch bench --task path/to/file.py:train --seeds 0,1,2   # your train(run) (or pkg.mod:train)
@@ -43,13 +43,3 @@ examples:
 Quote a method with brackets in a shell: 'baseline[budget=0.5]' or "sb[keep=0.7]" (unquoted, the
 shell reads [...] as a file pattern). docs/bench.md has the whole guide.
 """
-
-
-def bench_epilog(kinds: str) -> str:
-    """The epilog of ``leanbatch bench --help``: the examples, then ``kinds`` (every method kind).
-
-    Example:
-        >>> bench_epilog("KINDS").splitlines()[0], bench_epilog("KINDS").splitlines()[-1]
-        ('examples:', 'KINDS')
-    """
-    return f"{_EXAMPLES}\n{kinds}"

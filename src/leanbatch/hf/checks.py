@@ -24,20 +24,8 @@ __all__ = ["check_cross_entropy_args", "check_setup", "wrap_train_dataset"]
 
 
 def wrap_train_dataset(trainer: Any, settings: Any) -> InfoBatch:
-    """``InfoBatch(trainer.train_dataset, num_epochs=args.num_train_epochs, shard=False, **settings)``.
-
-    For ``LeanBatchTrainer(..., infobatch={...})``: the trainer's own training set (as its
-    ``__init__`` prepared it) is wrapped, with the two arguments the Trainer decides.
-
-    Example:
-        >>> class Args:
-        ...     num_train_epochs = 3
-        >>> class T:
-        ...     args, train_dataset = Args(), list(range(10))
-        >>> ds = wrap_train_dataset(T(), {"prune_ratio": 0.3, "policy": "random"})
-        >>> ds.num_epochs, ds.sampler.policy.prune_ratio, ds.sampler.shard, len(ds)
-        (3, 0.3, False, 10)
-    """
+    """``InfoBatch(trainer.train_dataset, num_epochs=args.num_train_epochs, shard=False, **settings)``:
+    for ``infobatch={...}``, the training set as the trainer's ``__init__`` prepared it."""
     if not isinstance(settings, Mapping):
         raise TypeError(
             f"infobatch must be a dict of InfoBatch settings, e.g. {{'prune_ratio': 0.5, 'delta': 0.875}}, got "
@@ -163,17 +151,7 @@ def _check_infobatch(trainer: Any, ds: InfoBatch) -> None:
 
 def check_cross_entropy_args(args: Any, method: str) -> None:
     """Refuse TRL's ``loss_type`` other than ``"nll"`` and label smoothing: ``method`` (InfoBatch,
-    token selection) computes the token cross-entropy itself, so either would be silently replaced.
-
-    Example:
-        >>> from types import SimpleNamespace
-        >>> check_cross_entropy_args(SimpleNamespace(loss_type="nll", label_smoothing_factor=0.0), "InfoBatch")
-        >>> try:
-        ...     check_cross_entropy_args(SimpleNamespace(loss_type="dft", label_smoothing_factor=0.0), "InfoBatch")
-        ... except ValueError as e:
-        ...     print(str(e).split(":")[0])
-        args.loss_type='dft'
-    """
+    token selection) computes the token cross-entropy itself, so either would be silently replaced."""
     loss_type = getattr(args, "loss_type", "nll")  # TRL's SFTConfig
     if loss_type != "nll":
         raise ValueError(

@@ -1,16 +1,9 @@
 """Dataset indices that travel with Hugging Face batches and never reach the model.
 
-The Trainer's data path is: dataset items -> ``RemoveColumnsCollator`` (keeps only the
-model's ``forward`` arguments and the label columns, when ``remove_unused_columns``) ->
-the user's collator -> accelerate (device placement, sharding of batches). Each item of
-:class:`IndexedDataset` (the core's :class:`~leanbatch.indexed.WithIndex`, its indices kept
-apart) carries its dataset index under :data:`INDEX_KEY`; the adapter adds
-that key to the Trainer's signature columns so it survives ``remove_unused_columns``, and
-:class:`IndexCollator` takes it out of every item before the user's collator runs and puts
-the whole batch's indices back as one :class:`Rows` object. ``Rows`` is not a tensor and
-has no ``.to``, so neither accelerate nor the Trainer moves it: the indices stay on the CPU,
-where reading them costs no device synchronisation. The Trainer subclass removes the key
-before ``forward``.
+:class:`IndexedDataset` tags each item with its index (kept through ``remove_unused_columns`` as a
+signature column); :class:`IndexCollator` takes the tags out before the user's collator runs and
+attaches the batch's indices as one :class:`Rows`. ``Rows`` is not a tensor and has no ``.to``, so
+neither accelerate nor the Trainer moves it: the indices stay on the CPU, read with no device sync.
 """
 
 from __future__ import annotations
@@ -117,14 +110,12 @@ class IndexCollator:
                 f"the data collator returned a {type(batch).__name__}; the Trainer (and leanbatch.hf) need a "
                 "dict of model inputs, e.g. {'input_ids': ..., 'attention_mask': ..., 'labels': ...}"
             )
+        labels, n = batch.get("labels"), len(indices)
+        if not isinstance(labels, Tensor) or labels.dim() == 0 or labels.shape[0] != n:
+            labelled = torch.ones(n, dtype=torch.bool)  # no token labels here: the loss says what is wrong
+        else:
+            labelled = (labels[:, 1:] if self.shift and labels.dim() > 1 else labels) != -100
+            labelled = labelled.reshape(n, -1).any(dim=1).cpu()
         idx = torch.tensor(indices, dtype=torch.int64)
-        labelled = self._labelled(batch.get("labels"), len(indices))
         batch[INDEX_KEY] = Rows(idx, labelled, sequences=sequences_per_item(items))
         return batch
-
-    def _labelled(self, labels: Any, n: int) -> Tensor:
-        if not isinstance(labels, Tensor) or labels.dim() == 0 or labels.shape[0] != n:
-            return torch.ones(n, dtype=torch.bool)  # no token labels here: the loss says what is wrong
-        if self.shift and labels.dim() > 1:
-            labels = labels[:, 1:]
-        return (labels != -100).reshape(n, -1).any(dim=1).cpu()

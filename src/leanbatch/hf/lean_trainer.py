@@ -1,8 +1,5 @@
-"""The public Trainer classes: ``LeanBatchTrainer`` and ``leanbatch_trainer(AnyTrainerSubclass)``.
-
-Both are :class:`~leanbatch.hf.trainer.LeanbatchMixin` over a ``transformers.Trainer``;
-importing this module imports transformers (``leanbatch.hf`` loads it on first use).
-"""
+"""The public Trainer classes, ``LeanBatchTrainer`` and ``leanbatch_trainer(AnyTrainerSubclass)``: each
+:class:`~leanbatch.hf.trainer.LeanbatchMixin` over a ``transformers.Trainer`` (it imports transformers)."""
 
 from __future__ import annotations
 

@@ -11,16 +11,16 @@ Each served sample contributes its packed sequences in the order it was served
 ``DataCollatorWithFlattening`` drops and TRL's collator packs into nothing), or, for TRL's BFD
 rows (``seq_lengths``), the sequences TRL packed into that dataset row, which is then the sample
 InfoBatch scores and prunes. So each token's sample is a gather of each token's packed sequence
-(:func:`sample_token_ids`), and each sample's score is the mean token loss over its own labelled
+(:func:`packed_losses`), and each sample's score is the mean token loss over its own labelled
 tokens, the number it gives unpacked.
 
 Example:
     >>> import torch
-    >>> batch = {"labels": torch.tensor([[-100, 5, -100, -100, 7, 8]]),
-    ...          "position_ids": torch.tensor([[0, 1, 0, 0, 1, 2]])}
+    >>> labels = torch.tensor([[-100, 5, -100, -100, 7, 8]])
+    >>> batch = {"labels": labels, "position_ids": torch.tensor([[0, 1, 0, 0, 1, 2]])}
     >>> items = [{"input_ids": [1, 2]}, {"input_ids": []}, {"input_ids": [3]}, {"input_ids": [4, 5, 6]}]
     >>> packing = packing_of(batch, sequences_per_item(items))    # no attention_mask: packed
-    >>> sample_token_ids(batch["labels"], packing).tolist()   # sample 1 is empty: no token
+    >>> packed_losses(torch.ones(1, 6), labels, packing, True)[0].tolist()   # sample 1 is empty: no token
     [[0, 0, 2, 3, 3, 3]]
 """
 
@@ -41,7 +41,6 @@ __all__ = [
     "is_packed",
     "packed_losses",
     "packing_of",
-    "sample_token_ids",
     "sequences_per_item",
     "token_weights",
 ]
@@ -124,17 +123,6 @@ def packing_of(batch: Mapping[str, Any], sequences: Tensor) -> Packing | None:
     )
 
 
-def sample_token_ids(labels: Tensor, packing: Packing) -> Tensor:
-    """Each token's sample in ``[0, n]`` (``n``: padding after the last sequence), shaped like ``labels``.
-
-    The packed sequences must be those the served samples make: at least as many, and nothing
-    labelled after them (TRL's trailing padding has position id 0: a sequence per token, unlabelled;
-    :func:`packed_losses` checks the labels). Checked on the values, without a host sync on a device
-    (:func:`~leanbatch.packing.require_values`).
-    """
-    return _owners(_sequence_ids(labels, packing), packing)
-
-
 def packed_losses(
     tok: Tensor, labels: Tensor, packing: Packing, shift: bool
 ) -> tuple[Tensor, Tensor, Tensor]:
@@ -153,9 +141,21 @@ def packed_losses(
         ([[0, 0, 0, 1, 1]], [2.0, 2.0], [2, 1])
     """
     labels = labels.to(tok.device)
-    seq = _sequence_ids(labels, packing)
-    ids = _owners(seq, packing)
-    n = len(packing.sequences)
+    n, total = len(packing.sequences), int(packing.sequences.sum())
+    if total == 0:
+        raise ValueError("every sample of this packed batch is empty (input_ids of length 0)")
+    seq = packed_sequence_ids(labels, position_ids=packing.position_ids, cu_seq_lens=packing.cu_seq_lens)
+    require_values(
+        seq[-1, -1] + 1 >= total,
+        f"position_ids: the batch packs {total} sequence(s) from its {n} samples, but "
+        "its position ids (or cu_seq_lens_q) restart fewer times: they must restart where each sample "
+        "begins; pass the packing collator's position_ids (DataCollatorWithFlattening, TRL's padding-free "
+        "collator) unchanged",
+    )
+    seq = seq.to(labels.device)
+    # each packed sequence's sample, gathered per token; tokens past the last sequence get n
+    owner = torch.cat([torch.repeat_interleave(torch.arange(n), packing.sequences), torch.tensor([n])])
+    ids = owner.to(seq.device, non_blocking=True)[seq.clamp(max=total)]
     if shift:
         check_packed_labels(labels, seq)
         labels = F.pad(labels, (0, 1), value=-100)[..., 1:]
@@ -178,26 +178,3 @@ def token_weights(weights: Tensor, ids: Tensor) -> Tensor:
         [[2.0, 2.0, 1.0, 0.0]]
     """
     return torch.cat([weights, weights.new_zeros(1)])[ids]
-
-
-def _sequence_ids(labels: Tensor, packing: Packing) -> Tensor:
-    """Each token's packed sequence; at least as many sequences as the samples make (checked)."""
-    total = int(packing.sequences.sum())
-    if total == 0:
-        raise ValueError("every sample of this packed batch is empty (input_ids of length 0)")
-    seq = packed_sequence_ids(labels, position_ids=packing.position_ids, cu_seq_lens=packing.cu_seq_lens)
-    require_values(
-        seq[-1, -1] + 1 >= total,
-        f"position_ids: the batch packs {total} sequence(s) from its {len(packing.sequences)} samples, but "
-        "its position ids (or cu_seq_lens_q) restart fewer times: they must restart where each sample "
-        "begins; pass the packing collator's position_ids (DataCollatorWithFlattening, TRL's padding-free "
-        "collator) unchanged",
-    )
-    return seq.to(labels.device)
-
-
-def _owners(seq: Tensor, packing: Packing) -> Tensor:
-    """The sample of each packed sequence, gathered per token; tokens past the last sequence get ``n``."""
-    n, total = len(packing.sequences), int(packing.sequences.sum())
-    owner = torch.cat([torch.repeat_interleave(torch.arange(n), packing.sequences), torch.tensor([n])])
-    return owner.to(seq.device, non_blocking=True)[seq.clamp(max=total)]

@@ -131,7 +131,13 @@ class TokenSelectionTrainer(Trainer):
         batch is forwarded (by both models) with ``use_cache=False``: a cache hides its sequences'
         boundaries from attention."""
         if is_packed(inputs):
-            _check_packed_labels(inputs)
+            labels = inputs.get("labels")
+            if "shift_labels" not in inputs and isinstance(labels, Tensor) and labels.dim() == 2:
+                # no sequence may start at a label: the shifted loss would train across two sequences
+                ids = packed_sequence_ids(
+                    labels, position_ids=inputs.get("position_ids"), cu_seq_lens=inputs.get("cu_seq_lens_q")
+                )
+                check_packed_labels(labels, ids)
             inputs = {**inputs, "use_cache": False}
         self._inputs = {k: v for k, v in inputs.items() if k not in _LABELS}
         self._shift = inputs.get("shift_labels")
@@ -163,18 +169,6 @@ class TokenSelectionTrainer(Trainer):
             outputs.logits, None if shift is not None else labels, shift_labels=shift, progress=self.progress,
             reference_logits=reference, num_items_in_batch=num_items_in_batch,
         )  # fmt: skip
-
-
-def _check_packed_labels(batch: Any) -> None:
-    """Refuse a packed batch whose position ids (or ``cu_seq_lens_q``) start a sequence at a label
-    (the shifted loss would train across two sequences); labels already shifted are the collator's."""
-    labels = batch.get("labels")
-    if "shift_labels" in batch or not isinstance(labels, Tensor) or labels.dim() != 2:
-        return
-    ids = packed_sequence_ids(
-        labels, position_ids=batch.get("position_ids"), cu_seq_lens=batch.get("cu_seq_lens_q")
-    )
-    check_packed_labels(labels, ids)
 
 
 def _check_reference_length(reference: nn.Module, inputs: dict[str, Any]) -> None:

@@ -1,21 +1,6 @@
-"""``LeanBatchTrainer`` / ``leanbatch_trainer``: the Trainer overrides that wire in the core.
-
-What each override handles (the Trainer and accelerate behaviour is in the package docstring):
-
-- ``get_train_dataloader`` / ``_get_train_sampler`` / ``_set_signature_columns_if_needed``:
-  the InfoBatch sampler serves the global plan; every item carries its index, which
-  survives ``remove_unused_columns``.
-- ``training_step``: takes the indices out before ``forward`` and marks the global batch
-  trained (each process trains one of ``num_processes`` batches per round); the loss
-  function (``compute_loss_func``) then scores each sequence and weights its tokens. A packed
-  batch (:mod:`leanbatch.hf.packed`) is scored per served sample and trained with ``use_cache=False``.
-- ``get_batch_samples``: Selective Backprop picks the sequences of every micro-batch of an
-  accumulation group before any is trained, so ``num_items_in_batch`` counts what is trained.
-- ``_run_epoch``: runs the epoch InfoBatch stands in, with its own length, so the last
-  partial accumulation group steps the optimizer and a resumed run skips nothing twice.
-- ``create_scheduler``: the Trainer's schedule, driven by the fraction of training done.
-- ``_save_checkpoint`` / ``_load_optimizer_and_scheduler``: the pruning and selection state
-  travels in ``leanbatch_state.pt`` inside each checkpoint folder.
+"""``LeanbatchMixin``: the Trainer overrides that wire in the core (``LeanBatchTrainer`` is it over
+``Trainer``). What each Trainer and accelerate behaviour needs, and how it is met: the package
+docstring (:mod:`leanbatch.hf`).
 """
 
 from __future__ import annotations
@@ -92,19 +77,6 @@ class _Step(NamedTuple):
     first: int
     packing: Packing | None
     shift_labels: Tensor | None
-
-
-def _scoring_rows(rows: Rows, first: int, kept: int, spare: int) -> Tensor:
-    """The rows' dataset indices, with ``spare`` (the score table's slot that stores nothing) for rows
-    that must not score: no labelled token, or accelerate's padding (global position ``>= kept``)."""
-    n = len(rows)
-    padding = max(0, min(n, first + n - kept))
-    if rows.all_labelled and not padding:
-        return rows.indices
-    out = torch.where(rows.labelled, rows.indices, spare)
-    if padding:
-        out[n - padding :] = spare
-    return out
 
 
 class _EpochCallback(TrainerCallback):
@@ -345,16 +317,15 @@ class LeanbatchMixin(_Base):
 
     def _lb_score(self, step: _Step, losses: Tensor, counted: Tensor | None) -> Tensor | None:
         """Store each trained sample's score (``losses``, one per trained row, or per packed sample
-        with its labelled tokens ``counted``); return each one's loss weight (``None`` = all 1).
-
-        A sample scores unless it has no labelled token or it is accelerate's padding (the last
-        round of an epoch repeats batches from its start: global positions past the plan's
-        kept samples), so each sample scores at most once per epoch, on one process.
-        """
+        with its labelled tokens ``counted``); return each one's loss weight (``None`` = all 1)."""
         ds = self.infobatch
         assert ds is not None
         rows, dev, spare = step.rows, losses.device, ds.scores.num_samples
-        scores_rows = _scoring_rows(rows, step.first, step.plan.num_kept, spare).to(dev, non_blocking=True)
+        # no score for a row without a labelled token, or for accelerate's padding (the epoch's last
+        # round repeats batches from its start: global positions past the plan's kept samples)
+        scores_rows = torch.where(rows.labelled, rows.indices, spare)
+        scores_rows[max(0, step.plan.num_kept - step.first) :] = spare
+        scores_rows = scores_rows.to(dev, non_blocking=True)
         if counted is not None:  # which samples hold a labelled token the loss read, on the device
             scores_rows = torch.where(counted > 0, scores_rows, spare)
         kept, trained = rows.indices.to(dev, non_blocking=True), losses.shape[0]

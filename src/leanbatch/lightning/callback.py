@@ -1,12 +1,5 @@
-"""``LeanBatchCallback``: InfoBatch and Selective Backprop in a stock Lightning ``Trainer``.
-
-The callback owns no algorithm: it holds an :class:`~leanbatch.InfoBatch` and/or a
-:class:`~leanbatch.SelectiveBackprop`, hands the DataLoader its dataset (items that
-carry their index) and sampler, and in ``training_step`` the module calls
-:meth:`LeanBatchCallback.select` (Selective Backprop) and returns
-:meth:`LeanBatchCallback.loss` (scores stored, InfoBatch-weighted mean). Lightning's
-hooks do the rest: epoch lengths, checkpoints, DDP merging and logging.
-"""
+"""``LeanBatchCallback``: InfoBatch and Selective Backprop in a stock Lightning ``Trainer`` (how it
+is used: the package docstring, :mod:`leanbatch.lightning`)."""
 
 from __future__ import annotations
 
@@ -310,15 +303,9 @@ class LeanBatchCallback(pl.Callback):
             pl_module.log_dict(totals, on_step=False, on_epoch=True, sync_dist=initialized(), reduce_fx="sum")
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        """A barrier at the end of a distributed fit, after the last epoch's synced logs.
-
-        Lightning syncs an epoch's logs (``sync_dist=True``: Selective Backprop's, and any of the
-        user's) with all-reduces on tensors made in Python, the last collectives of the fit. Under
-        gloo the thread that ran one frees it later, and freeing such a tensor takes the GIL: if the
-        process is exiting by then, that thread cannot take it and the process aborts
-        ("terminate called without an active exception": 6 of 39 two-process test fits did).
-        The barrier waits with the GIL released, so those threads finish while Python still runs.
-        """
+        """A barrier at the end of a distributed fit: under gloo, the thread that ran the last synced
+        logs' all-reduce frees its tensor later, taking the GIL, and aborts a process exiting by then
+        ("terminate called without an active exception"). The barrier waits with the GIL released."""
         if is_distributed():
             trainer.strategy.barrier("leanbatch_train_end")
 
@@ -334,22 +321,19 @@ class LeanBatchCallback(pl.Callback):
         ib, sb = self.infobatch, self.selective_backprop
         if ib is not None:
             ib.sampler.merge()  # every rank saves: the checkpoint holds every rank's scores
+        # [epoch, samples]: what Lightning counts as trained in the epoch being trained, on this rank
+        # (its batches done x the loader's batch size); a resume on another number of ranks needs it
+        counted, t = None, self._trainer
+        if t is not None and ib is not None and getattr(t.fit_loop, "_combined_loader", None) is not None:
+            size = getattr(loop.train_loader(t, self.sampler, self.dataset), "batch_size", None) or 0
+            counted = [ib.epoch, loop.batches_done(t) * size]
         return {
             "version": 1,
             "infobatch": None if ib is None else ib.state_dict(),
             "selective_backprop": None if sb is None else sb.state_dict(),
             "select_time_s": self.select_time_s,
-            "lightning_counted": self._counted(),
+            "lightning_counted": counted,
         }
-
-    def _counted(self) -> list[int] | None:
-        """``[epoch, samples]``: what Lightning counts as trained in the epoch being trained, on this rank
-        (its batches done x the loader's batch size); a resume on another number of ranks needs it."""
-        t, ib = self._trainer, self.infobatch
-        if t is None or ib is None or getattr(t.fit_loop, "_combined_loader", None) is None:
-            return None
-        size = getattr(loop.train_loader(t, self.sampler, self.dataset), "batch_size", None) or 0
-        return [ib.epoch, loop.batches_done(t) * size]
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` (Lightning calls it before the train loader is set up)."""

@@ -1,10 +1,5 @@
-"""What the Lightning adapter puts in the DataLoader besides its items (the core's
-:class:`~leanbatch.indexed.WithIndex`, which carry their dataset index): the sampler.
-
-:class:`EpochSampler` is the :class:`~leanbatch.sampler.PrunedSampler` as Lightning
-counts batches: on a resumed epoch Lightning keeps counting from the batches already
-trained, so the length it reads must be the whole epoch's, not what is left of it.
-"""
+"""What the Lightning adapter's DataLoader draws from (its items are the core's
+:class:`~leanbatch.indexed.WithIndex`): :class:`EpochSampler`."""
 
 from __future__ import annotations
 
