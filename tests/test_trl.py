@@ -164,8 +164,9 @@ def test_weights_one_equal_trls_own_loss_path(tmp_path, path):
     stock.train()
     losses = [[h["loss"] for h in t.state.log_history if "loss" in h] for t in (lean, stock)]
     assert len(losses[0]) == 4
-    torch.testing.assert_close(losses[0], losses[1], rtol=1e-6, atol=1e-7)
-    tol = 1e-4 if path == "fused_lm_head" else 1e-6  # of the largest gradient
+    fused = path == "fused_lm_head"  # its chunked loss and backward round differently by thread count
+    torch.testing.assert_close(losses[0], losses[1], rtol=1e-5 if fused else 1e-6, atol=1e-7)
+    tol = 1e-4 if fused else 1e-6  # of the largest gradient
     for g_lean, g_stock in zip(lean_trace.grads, stock_trace.grads, strict=True):
         torch.testing.assert_close(g_lean, g_stock, rtol=0, atol=tol * float(g_stock.abs().max()))
     torch.testing.assert_close(params(lean.model), params(stock.model), rtol=0, atol=10 * tol)
