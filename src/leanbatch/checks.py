@@ -63,7 +63,7 @@ def _bounds(low: float | None, high: float | None, low_open: bool, high_open: bo
         return f"{'>' if low_open else '>='} {low:g}"
     if high is not None:
         return f"{'<' if high_open else '<='} {high:g}"
-    return "a number"
+    return ""
 
 
 def check_real(
@@ -88,9 +88,7 @@ def check_real(
         0.9
     """
     where = _bounds(low, high, low_open, high_open)
-    what = f"{name} must be a {'' if allow_inf else 'finite '}number {where}".replace(
-        "number a number", "number"
-    )
+    what = f"{name} must be a {'' if allow_inf else 'finite '}number {where}".rstrip()
     tail = f": {hint}" if hint else ""
     if not is_real(value):
         exc = TypeError if type_error else ValueError
@@ -128,9 +126,8 @@ def check_ratio(value: object, name: str, meaning: str, low_open: bool = False) 
         >>> check_ratio(0.3, "prune_ratio", "the share pruned")
         0.3
     """
-    ok = is_real(value)
-    v = float(value) if ok else math.nan  # type: ignore[arg-type]
-    if not ok or not (0.0 <= v < 1.0) or (low_open and v == 0.0):
+    v = float(value) if is_real(value) else math.nan  # type: ignore[arg-type]
+    if not (0.0 <= v < 1.0) or (low_open and v == 0.0):  # NaN fails too
         interval = "(0, 1)" if low_open else "[0, 1)"
         raise ValueError(f"{name} must be in {interval}, got {value!r}: {meaning}")
     return v
@@ -160,9 +157,7 @@ def check_seed(value: Any, name: str = "seed") -> int:
         >>> check_seed(7)
         7
     """
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    return value
+    return check_int(value, name)
 
 
 def check_bool(value: Any, name: str) -> bool:
@@ -275,8 +270,6 @@ def check_index_tensor(value: Any, name: str) -> torch.Tensor:
         >>> check_index_tensor([3, 1], "indices").tolist()
         [3, 1]
     """
-    if isinstance(value, torch.Tensor) and value.dim() == 1 and value.dtype in INTEGER_DTYPES:
-        return value
     t = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
     if t.dim() != 1 or t.dtype not in INTEGER_DTYPES:
         raise TypeError(f"{name} must be a 1-D integer tensor, got {t.dtype} {tuple(t.shape)}")
