@@ -374,7 +374,7 @@ class ScoreTable:
         return state
 
     def _saved_variance(self, state: Mapping[str, Any], n: int) -> Tensor | None:
-        """``state["variance"]`` (``n`` rows) checked, or ``None``; refused unless this table keeps one alike."""
+        """``state["variance"]`` (``n`` rows) checked, or ``None``: saved iff this table keeps variances."""
         if (state.get("variance") is None) == self.tracks_variance:
             raise ValueError(
                 "state_dict and this table disagree on variance tracking: build the table with the same "
@@ -413,10 +413,8 @@ class ScoreTable:
 
 
 def _last_writes(slot: Tensor, new: Tensor) -> tuple[Tensor, Tensor]:
-    """The writes sorted by slot, each carrying its slot's last value (no host sync).
-
-    For a device whose scatter applies repeated slots in any order: after this, every write of a
-    slot carries the same value, so the order does not matter.
+    """The writes sorted by slot, each carrying its slot's last value (no host sync), so a scatter that
+    applies repeated slots in any order writes the same.
 
     Example:
         >>> slot, new = _last_writes(torch.tensor([3, 1, 3]), torch.tensor([1.0, 2.0, 5.0]))

@@ -98,10 +98,7 @@ class PrunedStream(IterableDataset):
         return _PassIterator(self, self.current, get_worker_info())
 
     def keys_of(self, block: list[Any], first: int, info: Any = None) -> torch.Tensor:
-        """The int64 keys of ``block`` (its first item is item ``first`` of the share read), checked.
-
-        ``info``: the worker reading (``get_worker_info()``), for the messages.
-        """
+        """The int64 keys of ``block`` (from item ``first`` of worker ``info``'s share: for the messages)."""
         share = "the stream" if info is None else f"worker {info.id}'s share of the stream"
         out = []
         for j, item in enumerate(block):
