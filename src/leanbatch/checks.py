@@ -56,16 +56,6 @@ def is_real(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _bounds(low: float | None, high: float | None, low_open: bool, high_open: bool) -> str:
-    if low is not None and high is not None:
-        return f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
-    if low is not None:
-        return f"{'>' if low_open else '>='} {low:g}"
-    if high is not None:
-        return f"{'<' if high_open else '<='} {high:g}"
-    return ""
-
-
 def check_real(
     value: Any,
     name: str,
@@ -87,7 +77,13 @@ def check_real(
         >>> check_real(0.9, "momentum", 0.0, 1.0, high_open=True)
         0.9
     """
-    where = _bounds(low, high, low_open, high_open)
+    where = ""
+    if low is not None and high is not None:
+        where = f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+    elif low is not None:
+        where = f"{'>' if low_open else '>='} {low:g}"
+    elif high is not None:
+        where = f"{'<' if high_open else '<='} {high:g}"
     what = f"{name} must be a {'' if allow_inf else 'finite '}number {where}".rstrip()
     tail = f": {hint}" if hint else ""
     if not is_real(value):
