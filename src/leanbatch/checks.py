@@ -72,10 +72,6 @@ def check_real(
 
     NaN never passes; infinity only with ``allow_inf``. ``type_error``: raise ``TypeError``
     (not ``ValueError``) for a value that is not a number at all.
-
-    Example:
-        >>> check_real(0.9, "momentum", 0.0, 1.0, high_open=True)
-        0.9
     """
     where = ""
     if low is not None and high is not None:
@@ -101,12 +97,7 @@ def check_real(
 
 
 def check_fraction(value: Any, name: str) -> float:
-    """``value`` as a float in (0, 1]; ``TypeError`` for a non-number, ``ValueError`` out of range.
-
-    Example:
-        >>> check_fraction(1, "keep")
-        1.0
-    """
+    """``value`` as a float in (0, 1]; ``TypeError`` for a non-number, ``ValueError`` out of range."""
     if not is_real(value):
         raise TypeError(f"{name} must be a float in (0, 1], got {type(value).__name__} {value!r}")
     v = float(value)
@@ -116,12 +107,7 @@ def check_fraction(value: Any, name: str) -> float:
 
 
 def check_ratio(value: object, name: str, meaning: str, low_open: bool = False) -> float:
-    """``value`` as a float in [0, 1) (or (0, 1) with ``low_open``); ``ValueError`` naming ``name``.
-
-    Example:
-        >>> check_ratio(0.3, "prune_ratio", "the share pruned")
-        0.3
-    """
+    """``value`` as a float in [0, 1) (or (0, 1) with ``low_open``); ``ValueError`` naming ``name``."""
     v = float(value) if is_real(value) else math.nan  # type: ignore[arg-type]
     if not (0.0 <= v < 1.0) or (low_open and v == 0.0):  # NaN fails too
         interval = "(0, 1)" if low_open else "[0, 1)"
@@ -130,12 +116,7 @@ def check_ratio(value: object, name: str, meaning: str, low_open: bool = False) 
 
 
 def check_int(value: Any, name: str, minimum: int | None = None, maximum: int | None = None) -> int:
-    """``value`` if it is an int (bools rejected) in ``[minimum, maximum]``; else ``TypeError``/``ValueError``.
-
-    Example:
-        >>> check_int(0, "interrupt", 0)
-        0
-    """
+    """``value`` if an int (bools rejected) in ``[minimum, maximum]``; else ``TypeError``/``ValueError``."""
     bound = f" >= {minimum}" if minimum is not None else ""
     if maximum is not None:
         bound = f" in [{minimum}, {maximum}]" if minimum is not None else f" <= {maximum}"
