@@ -128,34 +128,19 @@ def check_int(value: Any, name: str, minimum: int | None = None, maximum: int | 
 
 
 def check_seed(value: Any, name: str = "seed") -> int:
-    """An int seed (any int, bools rejected); ``TypeError`` naming ``name`` otherwise.
-
-    Example:
-        >>> check_seed(7)
-        7
-    """
+    """An int seed (any int, bools rejected); ``TypeError`` naming ``name`` otherwise."""
     return check_int(value, name)
 
 
 def check_bool(value: Any, name: str) -> bool:
-    """``value`` if it is a bool; ``TypeError`` naming ``name`` otherwise.
-
-    Example:
-        >>> check_bool(False, "shard")
-        False
-    """
+    """``value`` if it is a bool; ``TypeError`` naming ``name`` otherwise."""
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be True or False, got {value!r}")
     return value
 
 
 def check_choice(value: Any, name: str, choices: Collection[Any], hint: str = "") -> Any:
-    """``value`` if it is one of ``choices``; ``ValueError`` listing them otherwise.
-
-    Example:
-        >>> check_choice("all", "target", ("below", "all"))
-        'all'
-    """
+    """``value`` if it is one of ``choices``; ``ValueError`` listing them otherwise."""
     if value not in choices:
         listed = ", ".join(repr(c) for c in choices)
         raise ValueError(f"{name} must be one of {listed}, got {value!r}{': ' + hint if hint else ''}")
@@ -183,12 +168,7 @@ def check_epochs(num_epochs: object, delta: object) -> None:
 
 
 def check_interval(start: Any, end: Any) -> tuple[float, float]:
-    """Validate a window ``start <= progress < end`` in fractions of training.
-
-    Example:
-        >>> check_interval(0.5, 0.9)
-        (0.5, 0.9)
-    """
+    """Validate a window ``start <= progress < end`` in fractions of training."""
     for name, v in (("start", start), ("end", end)):
         if not is_real(v):
             raise TypeError(f"{name} must be a float fraction of training, got {type(v).__name__} {v!r}")
@@ -203,12 +183,7 @@ def check_interval(start: Any, end: Any) -> tuple[float, float]:
 
 
 def check_autocast(value: Any) -> torch.dtype | bool | None:
-    """``None`` (inherit the caller's context), ``False`` (full precision), ``True`` or a half dtype.
-
-    Example:
-        >>> check_autocast(None), check_autocast(False)
-        (None, False)
-    """
+    """``None`` (inherit the caller's context), ``False`` (full precision), ``True`` or a half dtype."""
     if value is None or isinstance(value, bool):
         return value
     if isinstance(value, torch.dtype) and value in (torch.float16, torch.bfloat16):
@@ -255,12 +230,7 @@ def check_index_tensor(value: Any, name: str) -> torch.Tensor:
 
 def check_positions(positions: Any, k: int, n: int) -> Tensor:
     """``positions``: one row of a batch of ``n`` per each of ``k`` losses (the range checked on CPU; on
-    a device, where the rows are gathered).
-
-    Example:
-        >>> check_positions([0, 2], 2, 3).tolist()
-        [0, 2]
-    """
+    a device, where the rows are gathered)."""
     positions = check_index_tensor(positions, "positions")
     if positions.shape[0] != k:
         raise ValueError(
@@ -327,12 +297,7 @@ def check_per_sample_loss(loss: Any, name: str = "loss") -> Tensor:
 
 def check_map_dataset(dataset: Any) -> int:
     """The length of a map-style dataset (``__len__`` and ``__getitem__``, at least one sample), or a
-    clear error.
-
-    Example:
-        >>> check_map_dataset([4, 5, 6])
-        3
-    """
+    clear error."""
     if isinstance(dataset, torch.utils.data.IterableDataset) or not hasattr(dataset, "__getitem__"):
         raise TypeError(
             "dataset must be a map-style dataset with __len__ and __getitem__: InfoBatch prunes by "

@@ -45,12 +45,7 @@ __all__ = ["check_packed_labels", "packed_sequence_ids", "require_values"]
 
 
 def require_values(ok: Tensor, message: str) -> None:
-    """Raise ``ValueError(message)`` unless the 0-d bool ``ok`` holds; on a device, a device-side assert.
-
-    Example:
-        >>> import torch
-        >>> require_values(torch.tensor(True), "never raised")
-    """
+    """Raise ``ValueError(message)`` unless the 0-d bool ``ok`` holds; on a device, a device-side assert."""
     if ok.device.type == "cpu":
         if not bool(ok):
             raise ValueError(message)

@@ -40,12 +40,7 @@ def is_distributed(group: Any = None) -> bool:
 
 
 def same_group(a: Any, b: Any) -> bool:
-    """Whether ``a`` and ``b`` name the same process group (``None``: the default one).
-
-    Example:
-        >>> same_group(None, None)
-        True
-    """
+    """Whether ``a`` and ``b`` name the same process group (``None``: the default one)."""
     if a is b:
         return True
     world = dist.group.WORLD if initialized() else None

@@ -34,12 +34,7 @@ SHARED = -1  # the key of draws every rank makes alike, in the rank's place: no 
 
 
 def canonical_device(device: torch.device | str) -> torch.device:
-    """``cuda`` -> ``cuda:<current index>``, so one device has one generator.
-
-    Example:
-        >>> canonical_device("cpu")
-        device(type='cpu')
-    """
+    """``cuda`` -> ``cuda:<current index>``, so one device has one generator."""
     dev = torch.device(device)
     if dev.type != "cpu" and dev.index is None:
         backend = getattr(torch, dev.type, None)
