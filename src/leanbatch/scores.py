@@ -202,7 +202,7 @@ class ScoreTable:
             [nan, nan, 0.5]
         """
         if not self._pending_received or self._pending_n >= self.flush_every or self.ema is not None:
-            self.flush()  # (only own writes are marked written); a received step's rows may be on their way
+            self.flush()  # as in store (only own writes are marked written)
             self._pending_received = True
         self._pending.append(rows)
         self._pending_n += count
