@@ -56,16 +56,6 @@ def is_real(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _bounds(low: float | None, high: float | None, low_open: bool, high_open: bool) -> str:
-    if low is not None and high is not None:
-        return f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
-    if low is not None:
-        return f"{'>' if low_open else '>='} {low:g}"
-    if high is not None:
-        return f"{'<' if high_open else '<='} {high:g}"
-    return "a number"
-
-
 def check_real(
     value: Any,
     name: str,
@@ -82,15 +72,15 @@ def check_real(
 
     NaN never passes; infinity only with ``allow_inf``. ``type_error``: raise ``TypeError``
     (not ``ValueError``) for a value that is not a number at all.
-
-    Example:
-        >>> check_real(0.9, "momentum", 0.0, 1.0, high_open=True)
-        0.9
     """
-    where = _bounds(low, high, low_open, high_open)
-    what = f"{name} must be a {'' if allow_inf else 'finite '}number {where}".replace(
-        "number a number", "number"
-    )
+    where = ""
+    if low is not None and high is not None:
+        where = f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+    elif low is not None:
+        where = f"{'>' if low_open else '>='} {low:g}"
+    elif high is not None:
+        where = f"{'<' if high_open else '<='} {high:g}"
+    what = f"{name} must be a {'' if allow_inf else 'finite '}number {where}".rstrip()
     tail = f": {hint}" if hint else ""
     if not is_real(value):
         exc = TypeError if type_error else ValueError
@@ -107,12 +97,7 @@ def check_real(
 
 
 def check_fraction(value: Any, name: str) -> float:
-    """``value`` as a float in (0, 1]; ``TypeError`` for a non-number, ``ValueError`` out of range.
-
-    Example:
-        >>> check_fraction(1, "keep")
-        1.0
-    """
+    """``value`` as a float in (0, 1]; ``TypeError`` for a non-number, ``ValueError`` out of range."""
     if not is_real(value):
         raise TypeError(f"{name} must be a float in (0, 1], got {type(value).__name__} {value!r}")
     v = float(value)
@@ -122,27 +107,16 @@ def check_fraction(value: Any, name: str) -> float:
 
 
 def check_ratio(value: object, name: str, meaning: str, low_open: bool = False) -> float:
-    """``value`` as a float in [0, 1) (or (0, 1) with ``low_open``); ``ValueError`` naming ``name``.
-
-    Example:
-        >>> check_ratio(0.3, "prune_ratio", "the share pruned")
-        0.3
-    """
-    ok = is_real(value)
-    v = float(value) if ok else math.nan  # type: ignore[arg-type]
-    if not ok or not (0.0 <= v < 1.0) or (low_open and v == 0.0):
+    """``value`` as a float in [0, 1) (or (0, 1) with ``low_open``); ``ValueError`` naming ``name``."""
+    v = float(value) if is_real(value) else math.nan  # type: ignore[arg-type]
+    if not (0.0 <= v < 1.0) or (low_open and v == 0.0):  # NaN fails too
         interval = "(0, 1)" if low_open else "[0, 1)"
         raise ValueError(f"{name} must be in {interval}, got {value!r}: {meaning}")
     return v
 
 
 def check_int(value: Any, name: str, minimum: int | None = None, maximum: int | None = None) -> int:
-    """``value`` if it is an int (bools rejected) in ``[minimum, maximum]``; else ``TypeError``/``ValueError``.
-
-    Example:
-        >>> check_int(0, "interrupt", 0)
-        0
-    """
+    """``value`` if an int (bools rejected) in ``[minimum, maximum]``; else ``TypeError``/``ValueError``."""
     bound = f" >= {minimum}" if minimum is not None else ""
     if maximum is not None:
         bound = f" in [{minimum}, {maximum}]" if minimum is not None else f" <= {maximum}"
@@ -154,36 +128,19 @@ def check_int(value: Any, name: str, minimum: int | None = None, maximum: int | 
 
 
 def check_seed(value: Any, name: str = "seed") -> int:
-    """An int seed (any int, bools rejected); ``TypeError`` naming ``name`` otherwise.
-
-    Example:
-        >>> check_seed(7)
-        7
-    """
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-    return value
+    """An int seed (any int, bools rejected); ``TypeError`` naming ``name`` otherwise."""
+    return check_int(value, name)
 
 
 def check_bool(value: Any, name: str) -> bool:
-    """``value`` if it is a bool; ``TypeError`` naming ``name`` otherwise.
-
-    Example:
-        >>> check_bool(False, "shard")
-        False
-    """
+    """``value`` if it is a bool; ``TypeError`` naming ``name`` otherwise."""
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be True or False, got {value!r}")
     return value
 
 
 def check_choice(value: Any, name: str, choices: Collection[Any], hint: str = "") -> Any:
-    """``value`` if it is one of ``choices``; ``ValueError`` listing them otherwise.
-
-    Example:
-        >>> check_choice("all", "target", ("below", "all"))
-        'all'
-    """
+    """``value`` if it is one of ``choices``; ``ValueError`` listing them otherwise."""
     if value not in choices:
         listed = ", ".join(repr(c) for c in choices)
         raise ValueError(f"{name} must be one of {listed}, got {value!r}{': ' + hint if hint else ''}")
@@ -211,12 +168,7 @@ def check_epochs(num_epochs: object, delta: object) -> None:
 
 
 def check_interval(start: Any, end: Any) -> tuple[float, float]:
-    """Validate a window ``start <= progress < end`` in fractions of training.
-
-    Example:
-        >>> check_interval(0.5, 0.9)
-        (0.5, 0.9)
-    """
+    """Validate a window ``start <= progress < end`` in fractions of training."""
     for name, v in (("start", start), ("end", end)):
         if not is_real(v):
             raise TypeError(f"{name} must be a float fraction of training, got {type(v).__name__} {v!r}")
@@ -231,12 +183,7 @@ def check_interval(start: Any, end: Any) -> tuple[float, float]:
 
 
 def check_autocast(value: Any) -> torch.dtype | bool | None:
-    """``None`` (inherit the caller's context), ``False`` (full precision), ``True`` or a half dtype.
-
-    Example:
-        >>> check_autocast(None), check_autocast(False)
-        (None, False)
-    """
+    """``None`` (inherit the caller's context), ``False`` (full precision), ``True`` or a half dtype."""
     if value is None or isinstance(value, bool):
         return value
     if isinstance(value, torch.dtype) and value in (torch.float16, torch.bfloat16):
@@ -275,8 +222,6 @@ def check_index_tensor(value: Any, name: str) -> torch.Tensor:
         >>> check_index_tensor([3, 1], "indices").tolist()
         [3, 1]
     """
-    if isinstance(value, torch.Tensor) and value.dim() == 1 and value.dtype in INTEGER_DTYPES:
-        return value
     t = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
     if t.dim() != 1 or t.dtype not in INTEGER_DTYPES:
         raise TypeError(f"{name} must be a 1-D integer tensor, got {t.dtype} {tuple(t.shape)}")
@@ -285,12 +230,7 @@ def check_index_tensor(value: Any, name: str) -> torch.Tensor:
 
 def check_positions(positions: Any, k: int, n: int) -> Tensor:
     """``positions``: one row of a batch of ``n`` per each of ``k`` losses (the range checked on CPU; on
-    a device, where the rows are gathered).
-
-    Example:
-        >>> check_positions([0, 2], 2, 3).tolist()
-        [0, 2]
-    """
+    a device, where the rows are gathered)."""
     positions = check_index_tensor(positions, "positions")
     if positions.shape[0] != k:
         raise ValueError(
@@ -357,12 +297,7 @@ def check_per_sample_loss(loss: Any, name: str = "loss") -> Tensor:
 
 def check_map_dataset(dataset: Any) -> int:
     """The length of a map-style dataset (``__len__`` and ``__getitem__``, at least one sample), or a
-    clear error.
-
-    Example:
-        >>> check_map_dataset([4, 5, 6])
-        3
-    """
+    clear error."""
     if isinstance(dataset, torch.utils.data.IterableDataset) or not hasattr(dataset, "__getitem__"):
         raise TypeError(
             "dataset must be a map-style dataset with __len__ and __getitem__: InfoBatch prunes by "

@@ -354,13 +354,7 @@ class KeyedScoreTable(ScoreTable):
         values = check_saved_tensor(state, "values", (n,))
         if not isinstance(stamps, Tensor) or tuple(stamps.shape) != (n,) or stamps.is_floating_point():
             raise ValueError(f"state_dict['stamps'] must be a tensor of {n} ints")
-        var = state.get("variance")
-        if (var is None) == self.tracks_variance:
-            raise ValueError(
-                "state_dict and this table disagree on variance=: build it as the one that saved it"
-            )
-        if var is not None:
-            var = check_saved_tensor(state, "variance", (n,), low=0.0)
+        var = self._saved_variance(state, n)
         nonfinite = check_int(state.get("nonfinite", 0), "state_dict['nonfinite']", 0)
         clock = check_int(state["clock"], "state_dict['clock']")
         evicted = check_int(state.get("evicted", 0), "state_dict['evicted']", 0)

@@ -45,12 +45,7 @@ __all__ = ["check_packed_labels", "packed_sequence_ids", "require_values"]
 
 
 def require_values(ok: Tensor, message: str) -> None:
-    """Raise ``ValueError(message)`` unless the 0-d bool ``ok`` holds; on a device, a device-side assert.
-
-    Example:
-        >>> import torch
-        >>> require_values(torch.tensor(True), "never raised")
-    """
+    """Raise ``ValueError(message)`` unless the 0-d bool ``ok`` holds; on a device, a device-side assert."""
     if ok.device.type == "cpu":
         if not bool(ok):
             raise ValueError(message)
@@ -144,23 +139,15 @@ def check_packed_labels(labels: Tensor, ids: Tensor, ignore_index: int = -100) -
     )
 
 
-def _ids_from_cu(cu_seq_lens: Any, pos: Tensor | None, rows: int, tokens: int) -> tuple[Tensor, int]:
-    """The numbering ``cu_seq_lens`` gives, and its sequence count; ``cu_seq_lens`` checked (1-D, from 0
+def _ids_from_cu(cu: Any, pos: Tensor | None, rows: int, tokens: int) -> tuple[Tensor, int]:
+    """The numbering ``cu`` (``cu_seq_lens``) gives, and its sequence count; ``cu`` checked (1-D, from 0
     to ``rows * tokens``, strictly increasing, a boundary at each row) and against ``pos`` when given."""
-    if (
-        not isinstance(cu_seq_lens, Tensor)
-        or cu_seq_lens.dtype not in INTEGER_DTYPES
-        or cu_seq_lens.dim() != 1
-    ):
-        got = (
-            f"{cu_seq_lens.dtype} {tuple(cu_seq_lens.shape)}"
-            if isinstance(cu_seq_lens, Tensor)
-            else type(cu_seq_lens).__name__
-        )
+    if not isinstance(cu, Tensor) or cu.dtype not in INTEGER_DTYPES or cu.dim() != 1:
+        got = f"{cu.dtype} {tuple(cu.shape)}" if isinstance(cu, Tensor) else type(cu).__name__
         raise TypeError(f"cu_seq_lens must be a 1-D integer tensor, got {got}")
-    if cu_seq_lens.numel() < 2:
+    if cu.numel() < 2:
         raise ValueError("cu_seq_lens must hold at least [0, total tokens]")
-    cu = cu_seq_lens.long()
+    cu = cu.long()
     total = rows * tokens
     ok = (cu[0] == 0) & (cu[-1] == total) & (cu.diff() > 0).all()
     if rows > 1:  # each row's first token starts a sequence

@@ -31,12 +31,7 @@ _PRESSURE = "the hardest example's odds over the easiest (1 = uniform; 100 is Lo
 
 
 def check_pressure(value: object, name: str = "selection_pressure") -> float:
-    """A selection pressure: a finite float >= 1; ``ValueError`` naming ``name`` otherwise.
-
-    Example:
-        >>> check_pressure(100)
-        100.0
-    """
+    """A selection pressure: a finite float >= 1; ``ValueError`` naming ``name`` otherwise."""
     return check_real(value, name, low=1.0, hint=_PRESSURE)
 
 

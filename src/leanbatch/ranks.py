@@ -20,52 +20,27 @@ __all__ = ["initialized", "is_distributed", "process_rank", "same_group", "world
 
 
 def initialized() -> bool:
-    """Whether a ``torch.distributed`` process group is initialised in this process.
-
-    Example:
-        >>> initialized()
-        False
-    """
+    """Whether a ``torch.distributed`` process group is initialised in this process."""
     return dist.is_available() and dist.is_initialized()
 
 
 def process_rank(group: Any = None) -> int:
-    """This process's rank in ``group`` (default: the world) if a process group is initialised, else 0.
-
-    Example:
-        >>> process_rank()  # no process group here
-        0
-    """
+    """This process's rank in ``group`` (default: the world) if a process group is initialised, else 0."""
     return int(dist.get_rank(group)) if initialized() else 0
 
 
 def world_size(group: Any = None) -> int:
-    """The number of processes in ``group`` (default: the world); 1 without a process group.
-
-    Example:
-        >>> world_size()
-        1
-    """
+    """The number of processes in ``group`` (default: the world); 1 without a process group."""
     return int(dist.get_world_size(group)) if initialized() else 1
 
 
 def is_distributed(group: Any = None) -> bool:
-    """Whether ``group`` (default: the world) is an initialised group of more than one process.
-
-    Example:
-        >>> is_distributed()
-        False
-    """
+    """Whether ``group`` (default: the world) is an initialised group of more than one process."""
     return initialized() and dist.get_world_size(group) > 1
 
 
 def same_group(a: Any, b: Any) -> bool:
-    """Whether ``a`` and ``b`` name the same process group (``None``: the default one).
-
-    Example:
-        >>> same_group(None, None)
-        True
-    """
+    """Whether ``a`` and ``b`` name the same process group (``None``: the default one)."""
     if a is b:
         return True
     world = dist.group.WORLD if initialized() else None

@@ -27,29 +27,14 @@ from leanbatch.checks import check_int, check_seed
 from leanbatch.permutation import mix_seed
 from leanbatch.ranks import process_rank
 
-__all__ = ["DEFAULT_SEED", "SHARED", "Generators", "canonical_device", "rank_seed"]
+__all__ = ["DEFAULT_SEED", "SHARED", "Generators", "canonical_device"]
 
 DEFAULT_SEED = 1910_00762  # Selective Backprop's arXiv id: unlikely to collide with a user's data seed
 SHARED = -1  # the key of draws every rank makes alike, in the rank's place: no rank is negative
 
 
-def rank_seed(seed: int, rank: int, *more: int) -> int:
-    """The seed of ``rank``'s generator: ``mix_seed(seed, rank, *more)`` (a stable splitmix64 hash).
-
-    Example:
-        >>> rank_seed(7, 0) != rank_seed(7, 1), rank_seed(7, 1) == rank_seed(7, 1)
-        (True, True)
-    """
-    return mix_seed(seed, rank, *more)
-
-
 def canonical_device(device: torch.device | str) -> torch.device:
-    """``cuda`` -> ``cuda:<current index>``, so one device has one generator.
-
-    Example:
-        >>> canonical_device("cpu")
-        device(type='cpu')
-    """
+    """``cuda`` -> ``cuda:<current index>``, so one device has one generator."""
     dev = torch.device(device)
     if dev.type != "cpu" and dev.index is None:
         backend = getattr(torch, dev.type, None)
@@ -100,7 +85,7 @@ class Generators:
 
     def get(self, device: torch.device | str, *keys: int) -> torch.Generator:
         """The generator of ``device``, reseeded for ``keys`` (host work only: no device read)."""
-        return self._seeded(device, rank_seed(self.seed, self.rank, *keys))
+        return self._seeded(device, mix_seed(self.seed, self.rank, *keys))
 
     def shared(self, device: torch.device | str, *keys: int) -> torch.Generator:
         """The generator of ``device``, reseeded for ``keys`` alike on every rank: ``mix_seed(seed,
@@ -139,6 +124,6 @@ class Generators:
         seeded = self._streams.get(dev)
         if seeded is None or seeded[0] != rank:
             gen = seeded[1] if seeded is not None else torch.Generator(device=dev)
-            gen.manual_seed(rank_seed(self.seed, rank))
+            gen.manual_seed(mix_seed(self.seed, rank))
             self._streams[dev] = seeded = (rank, gen)
         return seeded[1]

@@ -11,7 +11,7 @@ processes meet (gathered every step, carried in DDP's all-reduce, merged, or sha
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -180,12 +180,9 @@ class ScoreTable:
         if check:
             self.check_indices(idx)
         loss = losses.detach()
-        if (
-            self._pending_received
-            or self._pending_n >= self.flush_every
-            or (self.ema is not None and self._pending)
-        ):
-            self._before_queuing(False)
+        if self._pending_received or self._pending_n >= self.flush_every or self.ema is not None:
+            self.flush()  # own and received writes flush apart; EMA blends step by step
+            self._pending_received = False
         self._pending.append((idx, loss, idx._version, loss._version))
         self._pending_n += idx.shape[0]
         self.version += 1
@@ -204,17 +201,12 @@ class ScoreTable:
             >>> t.values.tolist()
             [nan, nan, 0.5]
         """
-        self._before_queuing(True)
+        if not self._pending_received or self._pending_n >= self.flush_every or self.ema is not None:
+            self.flush()  # as in store (only own writes are marked written)
+            self._pending_received = True
         self._pending.append(rows)
         self._pending_n += count
         self.version += 1
-
-    def _before_queuing(self, received: bool) -> None:
-        if received != self._pending_received:
-            self.flush()  # received and own writes are flushed apart (only own ones are marked written)
-            self._pending_received = received
-        elif self._pending_n >= self.flush_every or (self.ema is not None and self._pending):
-            self.flush()  # EMA blends step by step; and a received step's rows may still be on their way
 
     def flush(self) -> None:
         """Write the queued losses into the table (skipping and counting non-finite ones).
@@ -300,10 +292,6 @@ class ScoreTable:
         held = (self._values, self._var, self._written)
         return sum(t.nbytes for t in held if t is not None)
 
-    def local_rows(self, indices: Tensor) -> Tensor:
-        """The rows of dataset ``indices`` (here: the indices; checked by :meth:`get`)."""
-        return indices
-
     # A table of one rank's slice (distributed/shards.py) answers these otherwise.
     owner: tuple[int, int] | None = None  # (world, rank) of a table holding one rank's slice
 
@@ -328,7 +316,7 @@ class ScoreTable:
         """Scores of ``indices`` (NaN where never scored)."""
         idx = self._index(indices)
         self.check_indices(idx)
-        return self.values[self.local_rows(idx)]
+        return self.values[idx]
 
     @property
     def nonfinite_count(self) -> Tensor:
@@ -385,6 +373,15 @@ class ScoreTable:
             )
         return state
 
+    def _saved_variance(self, state: Mapping[str, Any], n: int) -> Tensor | None:
+        """``state["variance"]`` (``n`` rows) checked, or ``None``: saved iff this table keeps variances."""
+        if (state.get("variance") is None) == self.tracks_variance:
+            raise ValueError(
+                "state_dict and this table disagree on variance tracking: build the table with the same "
+                "variance= as the one that saved it"
+            )
+        return None if state.get("variance") is None else check_saved_tensor(state, "variance", (n,), low=0.0)
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a table saved by :meth:`state_dict`, checked first; ``ValueError`` names the wrong key.
 
@@ -399,14 +396,7 @@ class ScoreTable:
         """
         state = self._check_state(state)
         values = check_saved_tensor(state, "values", (self.rows,))
-        var = state.get("variance")
-        if (var is None) != (self._var is None):
-            raise ValueError(
-                "state_dict and this table disagree on variance tracking: build the table with the same "
-                "ScoreTable(..., variance=) as the one that saved it"
-            )
-        if var is not None:
-            var = check_saved_tensor(state, "variance", (self.rows,), low=0.0)
+        var = self._saved_variance(state, self.rows)
         nonfinite = state.get("nonfinite", 0)
         if isinstance(nonfinite, bool) or not isinstance(nonfinite, int) or nonfinite < 0:
             raise ValueError(f"state_dict['nonfinite'] must be an int >= 0, got {nonfinite!r}")
@@ -423,10 +413,8 @@ class ScoreTable:
 
 
 def _last_writes(slot: Tensor, new: Tensor) -> tuple[Tensor, Tensor]:
-    """The writes sorted by slot, each carrying its slot's last value (no host sync).
-
-    For a device whose scatter applies repeated slots in any order: after this, every write of a
-    slot carries the same value, so the order does not matter.
+    """The writes sorted by slot, each carrying its slot's last value (no host sync), so a scatter that
+    applies repeated slots in any order writes the same.
 
     Example:
         >>> slot, new = _last_writes(torch.tensor([3, 1, 3]), torch.tensor([1.0, 2.0, 5.0]))

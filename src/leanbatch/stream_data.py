@@ -98,10 +98,7 @@ class PrunedStream(IterableDataset):
         return _PassIterator(self, self.current, get_worker_info())
 
     def keys_of(self, block: list[Any], first: int, info: Any = None) -> torch.Tensor:
-        """The int64 keys of ``block`` (its first item is item ``first`` of the share read), checked.
-
-        ``info``: the worker reading (``get_worker_info()``), for the messages.
-        """
+        """The int64 keys of ``block`` (from item ``first`` of worker ``info``'s share: for the messages)."""
         share = "the stream" if info is None else f"worker {info.id}'s share of the stream"
         out = []
         for j, item in enumerate(block):
@@ -187,19 +184,16 @@ class _PassIterator:
     def _open(self) -> Iterator[Any]:
         """This worker's share of the source, positioned after the items handled before a resume."""
         src, resume, skip = self._stream.source, self._resume, 0
-        if resume is not None and resume["source"] is not None and self._stateful:
-            src.load_state_dict(resume["source"])
-            skip = resume["handled"] - resume["block_start"]
-        elif resume is not None:
-            skip = resume["handled"]
+        if resume is not None:
+            self._handled = skip = resume["handled"]
+            if resume["source"] is not None and self._stateful:
+                src.load_state_dict(resume["source"])
+                skip -= resume["block_start"]
         items = iter(src if isinstance(src, Iterable) else src())
         info = self._info
         if info is not None and info.num_workers > 1 and not isinstance(src, IterableDataset):
             items = itertools.islice(items, info.id, None, info.num_workers)  # round-robin share
-        if resume is not None:
-            self._handled = resume["handled"]
-            # read past them now: the next block's state is after them
-            next(itertools.islice(items, skip, skip), None)
+        next(itertools.islice(items, skip, skip), None)  # skip the handled: block states are read after
         return items
 
     def _run(self) -> Iterator[Any]:

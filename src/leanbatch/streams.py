@@ -190,7 +190,16 @@ class StreamInfoBatch:
         if keys.shape[0] != n:
             raise ValueError(f"loss has {n} entries but keys has {keys.shape[0]}: pass one loss per key")
         rows = self.scores.lookup(keys)
-        self._check_batch(keys, rows)
+        ordered = torch.sort(keys).values  # a key twice in the batch, or trained before in this pass
+        twice = torch.cat([ordered[1:][ordered[1:] == ordered[:-1]], keys[self.scores.seen(rows)]])
+        if twice.numel():
+            k = int(twice[0])
+            raise ValueError(
+                f"keys: two items with key {k} in pass {self.current.index}: a key names one sample, seen once a "
+                "pass. Call set_pass(p) before each pass; with worker processes, each must read its own part "
+                "of the stream (an IterableDataset shards by torch.utils.data.get_worker_info()); keys must be "
+                "unique in the stream"
+            )
         kept, w = self.current.fates(keys)
         if not bool(kept.all()):
             k = int(keys[~kept][0])
@@ -204,19 +213,6 @@ class StreamInfoBatch:
         self._batch = self._batch or n
         w = w.to(loss.device, non_blocking=True).mul_(1.0 / max(n, 1))  # an empty batch: 0
         return (loss.float() * w).sum()
-
-    def _check_batch(self, keys: Tensor, rows: Tensor) -> None:
-        """Refuse a key twice in this pass: in the batch, or trained before in the pass."""
-        ordered = torch.sort(keys).values
-        twice = torch.cat([ordered[1:][ordered[1:] == ordered[:-1]], keys[self.scores.seen(rows)]])
-        if twice.numel():
-            k = int(twice[0])
-            raise ValueError(
-                f"keys: two items with key {k} in pass {self.current.index}: a key names one sample, seen once a "
-                "pass. Call set_pass(p) before each pass; with worker processes, each must read its own part "
-                "of the stream (an IterableDataset shards by torch.utils.data.get_worker_info()); keys must be "
-                "unique in the stream"
-            )
 
     # ------------------------------------------------------------------ reads
     @property
@@ -284,10 +280,8 @@ class StreamInfoBatch:
 
 
 def _exchange(sib: StreamInfoBatch, index: int) -> tuple[int, int]:
-    """Under ``torch.distributed``, at ``set_pass(index)`` on every rank (a collective): check the ranks
-    agree (settings, passes), merge their score tables into one (the same on every rank, so every rank
-    freezes the same pass) and return the finished pass's samples (all ranks) and updates (the most).
-    """
+    """``set_pass``'s collective: check the ranks agree, merge their score tables (so all freeze the same
+    pass); return the finished pass's samples (all ranks) and updates (the most)."""
     settings = {k: getattr(sib, k) for k in ("seed", "prune_ratio", "delta", "num_passes", "num_samples")}
     settings.update({"capacity": sib.scores.capacity, "pass": sib.current.index, "set_pass": index})
     table = sib.scores.state_dict()

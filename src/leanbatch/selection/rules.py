@@ -26,7 +26,7 @@ _DEFAULT = Generators()  # the draws of every call without generator=: one strea
 
 
 def seed_selection(seed: int, *, rank: int | None = None) -> None:
-    """Reseed the generators used without ``generator=``: rank ``r`` draws from ``rank_seed(seed, r)``;
+    """Reseed the generators used without ``generator=``: rank ``r`` draws from ``mix_seed(seed, r)``;
     ``rank`` replaces the process group's (e.g. the data-parallel rank under tensor parallelism).
 
     Example:
