@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import math
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
@@ -82,8 +81,11 @@ def whole_epochs(args: Any) -> int:
 
 
 # ---------------------------------------------------------------------------- Lightning
-@functools.cache
-def _callback_class() -> type:
+def lightning_callback(
+    run: TaskRun, data: CountedInfoBatch, selector: SelectiveBackprop | None, **kwargs: Any
+) -> Any:
+    """The arm's :class:`~leanbatch.lightning.LeanBatchCallback` over ``data`` with ``selector`` (see the
+    module docstring); ``kwargs``: the callback's other arguments."""
     from leanbatch.lightning import LeanBatchCallback
 
     class ArmCallback(LeanBatchCallback):  # type: ignore[misc, valid-type]
@@ -119,15 +121,7 @@ def _callback_class() -> type:
                 values = {k: v for k, v in _numbers(trainer.callback_metrics).items() if k != "epoch"}
                 self.run.log(epoch=trainer.current_epoch, **values)
 
-    return ArmCallback
-
-
-def lightning_callback(
-    run: TaskRun, data: CountedInfoBatch, selector: SelectiveBackprop | None, **kwargs: Any
-) -> Any:
-    """The arm's :class:`~leanbatch.lightning.LeanBatchCallback` over ``data`` with ``selector`` (see the
-    module docstring); ``kwargs``: the callback's other arguments."""
-    return _callback_class()(run, data, selector, **kwargs)
+    return ArmCallback(run, data, selector, **kwargs)
 
 
 # ---------------------------------------------------------------------------- Hugging Face
