@@ -343,7 +343,8 @@ def with_budgets(arms: list[Arm], budgets: Sequence[float], batch_budgets: Seque
     have = {(a.budget, a.batch) for a in arms if a.kind == "baseline"}
     grid = [("budget", b) for b in budgets] + [("batch", b) for b in batch_budgets]
     extra = [
-        make_arm("baseline", "baseline" if b == 1.0 else f"baseline[{k}={b:g}]", **{k: b}) for k, b in grid
+        make_arm("baseline", "baseline" if b == 1.0 else f"baseline[{k}={b:g}]", None, **{k: b})
+        for k, b in grid
     ]
     base = [a for a in arms if a.kind == "baseline"] + [a for a in extra if (a.budget, a.batch) not in have]
     base.sort(key=lambda a: (a.budget != 1.0 or a.batch != 1.0, a.batch != 1.0, a.budget, a.batch))

@@ -30,7 +30,7 @@ from leanbatch.arms.methods import Arm
 from leanbatch.engine.running.data import ContractError, CountedInfoBatch, Counts
 from leanbatch.selection import Selector
 
-__all__ = ["framework_selector", "hf_trainer", "lightning_callback", "whole_epochs"]
+__all__ = ["framework_selector", "hf_trainer", "lightning_callback"]
 
 
 class TaskRun(Protocol):
@@ -70,14 +70,6 @@ def framework_selector(arm: Arm, selector: Selector | None) -> SelectiveBackprop
             f"{arm.kind} needs a plain loop with run.select(...)"
         )
     return selector
-
-
-def whole_epochs(args: Any) -> int:
-    """``args.num_train_epochs`` (a Trainer's), refused unless whole: the arms plan whole epochs."""
-    epochs = args.num_train_epochs
-    if float(epochs) != int(epochs):
-        raise ContractError(f"args.num_train_epochs={epochs}: the arms plan whole epochs; use an integer")
-    return int(epochs)
 
 
 # ---------------------------------------------------------------------------- Lightning

@@ -51,9 +51,8 @@ __all__ = [
 ]
 
 _CHANNELS = (1, 3, 4)
-CROP_PADDING = (
-    4  # the benchmark's random crop pads each side by this much (reflect), see tasks.images.loop.augment
-)
+# the benchmark's random crop pads each side by this much (reflect), see tasks.images.loop.augment
+CROP_PADDING = 4
 
 
 @dataclass
