@@ -14,7 +14,8 @@
   ``train()`` becomes ``run.log`` (``eval_loss`` and the others).
 
 Only Selective Backprop and its uniform twin select inside the frameworks' adapters; ``obs`` and
-``rho-loss`` need a plain loop's ``run.select``.
+``rho-loss`` need a plain loop's ``run.select``. The functions here use the ``run``'s public face only
+(typed ``Any``: :mod:`~leanbatch.engine.running.run` imports this module, not the other way).
 """
 
 from __future__ import annotations
@@ -22,8 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from typing import Any
 
 from leanbatch import SelectiveBackprop
 from leanbatch.arms.methods import Arm
@@ -31,24 +31,6 @@ from leanbatch.engine.running.data import ContractError, CountedInfoBatch, Count
 from leanbatch.selection import Selector
 
 __all__ = ["framework_selector", "hf_trainer", "lightning_callback"]
-
-
-class TaskRun(Protocol):
-    """What the framework wiring uses of a :class:`~leanbatch.engine.running.run.Run` (which calls it):
-    its public face only, so the dependency points one way."""
-
-    @property
-    def data(self) -> Any: ...
-
-    @property
-    def clock(self) -> Any: ...
-
-    @property
-    def total_steps(self) -> int | None: ...
-
-    def untimed(self) -> AbstractContextManager[None]: ...
-
-    def log(self, epoch: int | None = None, **values: Any) -> None: ...
 
 
 def _numbers(metrics: Any) -> dict[str, float]:
@@ -74,7 +56,7 @@ def framework_selector(arm: Arm, selector: Selector | None) -> SelectiveBackprop
 
 # ---------------------------------------------------------------------------- Lightning
 def lightning_callback(
-    run: TaskRun, data: CountedInfoBatch, selector: SelectiveBackprop | None, **kwargs: Any
+    run: Any, data: CountedInfoBatch, selector: SelectiveBackprop | None, **kwargs: Any
 ) -> Any:
     """The arm's :class:`~leanbatch.lightning.LeanBatchCallback` over ``data`` with ``selector`` (see the
     module docstring); ``kwargs``: the callback's other arguments."""
@@ -126,7 +108,7 @@ class _Steps:
         return min(1.0, state.global_step / state.max_steps) if state.max_steps else 0.0
 
 
-def _trainer_class(base: type, run: TaskRun, selector: SelectiveBackprop | None) -> type:
+def _trainer_class(base: type, run: Any, selector: SelectiveBackprop | None) -> type:
     class ArmTrainer(base):  # type: ignore[misc, valid-type]
         """The arm's trainer: counts its steps, evaluates off the clock, logs each evaluation."""
 
@@ -162,7 +144,7 @@ def _trainer_class(base: type, run: TaskRun, selector: SelectiveBackprop | None)
 
 
 def hf_trainer(
-    run: TaskRun,
+    run: Any,
     args: Any,
     train_dataset: Any,
     data: CountedInfoBatch | None,
