@@ -84,18 +84,18 @@ class Arm:
 
     @property
     def prunes(self) -> bool:
-        """Epoch-level pruning is part of this arm."""
-        return self.method.prunes
+        """Epoch-level pruning is part of this arm (an :class:`~leanbatch.InfoBatch` with its policy)."""
+        return self.method.policy is not None
 
     @property
     def selects(self) -> bool:
-        """Batch-level selection is part of this arm."""
-        return self.method.selects
+        """Batch-level selection is part of this arm (a selector called on every batch)."""
+        return self.method.selector is not None
 
     @property
     def selects_tokens(self) -> bool:
         """Token-level selection is part of this arm (``run.token_loss``)."""
-        return self.method.selects_tokens
+        return self.method.tokens is not None
 
     @property
     def budget(self) -> float:
