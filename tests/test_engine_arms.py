@@ -46,9 +46,9 @@ def test_every_kind_is_registered_once_with_its_family_and_builds_library_object
     )
     for kind in REGISTRY.values():
         assert kind.description and "\n" not in kind.description
-        assert kind.prunes == (kind.family in ("pruning", "both")) and kind.selects == (
-            kind.family in ("selecting", "both")
-        )
+        assert (kind.policy is not None) == (kind.family in ("pruning", "both")) and (
+            kind.selector is not None
+        ) == (kind.family in ("selecting", "both"))
         assert kind.twin is None or REGISTRY[kind.twin.kind].family == kind.family
     arms = {a.kind: a for a in parse_methods(",".join(KINDS))}
     policies = {k: type(a.policy(8, 0)) for k, a in arms.items() if a.prunes}

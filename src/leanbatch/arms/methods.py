@@ -34,7 +34,6 @@ __all__ = [
     "OPTIONS",
     "Arm",
     "ArmError",
-    "budget_label",
     "option_setting",
     "parse_budgets",
     "parse_methods",
@@ -85,18 +84,18 @@ class Arm:
 
     @property
     def prunes(self) -> bool:
-        """Epoch-level pruning is part of this arm."""
-        return self.method.prunes
+        """Epoch-level pruning is part of this arm (an :class:`~leanbatch.InfoBatch` with its policy)."""
+        return self.method.policy is not None
 
     @property
     def selects(self) -> bool:
-        """Batch-level selection is part of this arm."""
-        return self.method.selects
+        """Batch-level selection is part of this arm (a selector called on every batch)."""
+        return self.method.selector is not None
 
     @property
     def selects_tokens(self) -> bool:
         """Token-level selection is part of this arm (``run.token_loss``)."""
-        return self.method.selects_tokens
+        return self.method.tokens is not None
 
     @property
     def budget(self) -> float:
@@ -307,18 +306,6 @@ def option_setting(option: str) -> tuple[str, list[str], Any]:
 
 
 # ---------------------------------------------------------------------------- budgets
-def budget_label(budget: float, batch: float = 1.0) -> str:
-    """The label of the baseline trained for ``budget`` of its steps or on ``batch`` of the batch size.
-
-    Example:
-        >>> budget_label(0.5), budget_label(1.0), budget_label(1.0, batch=0.7)
-        ('baseline[budget=0.5]', 'baseline', 'baseline[batch=0.7]')
-    """
-    if batch != 1.0:
-        return f"baseline[batch={batch:g}]"
-    return "baseline" if budget == 1.0 else f"baseline[budget={budget:g}]"
-
-
 def parse_budgets(text: str, option: str = "--budgets") -> list[float]:
     """``--budgets`` (shares of the full run's steps) or ``--batch-budgets`` (of its batch size):
     comma-separated, or ``none``; sorted.
@@ -354,8 +341,11 @@ def with_budgets(arms: list[Arm], budgets: Sequence[float], batch_budgets: Seque
         ['baseline', 'baseline[budget=0.5]', 'baseline[batch=0.7]', 'infobatch']
     """
     have = {(a.budget, a.batch) for a in arms if a.kind == "baseline"}
-    extra = [make_arm("baseline", budget_label(b), budget=b) for b in budgets]
-    extra += [make_arm("baseline", budget_label(1.0, b), batch=b) for b in batch_budgets]
+    grid = [("budget", b) for b in budgets] + [("batch", b) for b in batch_budgets]
+    extra = [
+        make_arm("baseline", "baseline" if b == 1.0 else f"baseline[{k}={b:g}]", None, **{k: b})
+        for k, b in grid
+    ]
     base = [a for a in arms if a.kind == "baseline"] + [a for a in extra if (a.budget, a.batch) not in have]
     base.sort(key=lambda a: (a.budget != 1.0 or a.batch != 1.0, a.batch != 1.0, a.budget, a.batch))
     return base + [a for a in arms if a.kind != "baseline"]

@@ -119,8 +119,8 @@ class MethodKind:
     """A registered method: see the module docstring.
 
     Example:
-        >>> REGISTRY["infobatch+sb"].prunes, REGISTRY["infobatch+sb"].selects, REGISTRY["infobatch"].twin.kind
-        (True, True, 'random')
+        >>> REGISTRY["infobatch+sb"].family, REGISTRY["infobatch"].twin.kind
+        ('both', 'random')
     """
 
     name: str
@@ -132,21 +132,6 @@ class MethodKind:
     twin: Twin | None = None
     tokens: Callable[[Settings, int], TokenSelection] | None = None  # (settings, seed)
     default_run: bool = False  # one of the arms of a plain ``leanbatch bench``
-
-    @property
-    def prunes(self) -> bool:
-        """Epoch-level pruning (an :class:`~leanbatch.InfoBatch` with this kind's policy)."""
-        return self.policy is not None
-
-    @property
-    def selects(self) -> bool:
-        """Batch-level selection (a selector called on every batch)."""
-        return self.selector is not None
-
-    @property
-    def selects_tokens(self) -> bool:
-        """Token-level selection (a :class:`~leanbatch.TokenSelection` in ``run.token_loss``)."""
-        return self.tokens is not None
 
     def setting(self, name: str) -> Setting | None:
         """The setting called ``name`` (``None``: not one of this kind's)."""

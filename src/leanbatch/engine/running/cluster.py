@@ -133,62 +133,53 @@ def _by_value(task: Any) -> None:
         cloudpickle.register_pickle_by_value(module)
 
 
-class _Books:
-    """The driver's record of the trials' outcomes, kept as each trial reports its last result."""
+def _books(tune: Any, out: Outcome, on_run: Callable[[RunRecord], None], on_seed: Callable[[Outcome], None],
+           retries: int) -> tuple[Any, Any]:  # fmt: skip
+    """Tune's callback, which keeps the driver's books (each trial's outcome into ``out`` as it reports its
+    last result, or fails), and its stopper (a breach stops every trial)."""
+    ended: set[tuple[str, int]] = set()
 
-    def __init__(self, out: Outcome, on_run: Callable[[RunRecord], None], on_seed: Callable[[Outcome], None],
-                 retries: int):  # fmt: skip
-        self.out, self.on_run, self.on_seed, self.retries = out, on_run, on_seed, retries
-        self.ended: set[tuple[str, int]] = set()
-
-    def result(self, config: dict[str, Any], result: dict[str, Any]) -> None:
-        if OUTCOME not in result:
-            return
-        key = (config["run"]["method"], int(config["run"]["seed"]))
-        if key in self.ended:  # a trial retried after it had reported: its first outcome stands
-            return
-        self.ended.add(key)
-        outcome = json.loads(result[OUTCOME])
-        kind, where = outcome["outcome"], {"method": key[0], "seed": key[1]}
-        if kind == "run":
-            record = RunRecord.from_dict(json.loads(outcome["record"]))
-            self.out.runs.append(record)
-            self.on_run(record)
-            self.on_seed(self.out)
-        elif kind == "stopped":
-            self.out.stopped = {**where, "error": outcome["error"]}
-        elif kind == "left_out":
-            self.out.left_out += [] if key[0] in self.out.left_out else [key[0]]
-        else:
-            self.out.failed.append({**where, "error": outcome["error"]})
-            self.on_seed(self.out)
-
-    def error(self, config: dict[str, Any], text: str | None) -> None:
-        key = (config["run"]["method"], int(config["run"]["seed"]))
-        if key not in self.ended:
-            self.ended.add(key)
-            last = next((ln.strip() for ln in reversed((text or "").splitlines()) if ln.strip()), "no trace")
-            error = f"its worker failed {self.retries + 1} time(s), the last: {last[:300]}"
-            self.out.failed.append({"method": key[0], "seed": key[1], "error": error})
-
-
-def _hooks(tune: Any, books: _Books) -> tuple[Any, Any]:
-    """Tune's callback (the books kept as trials report) and its stopper (a breach stops every trial)."""
+    def first_end(trial: Any) -> tuple[str, int] | None:
+        key = (trial.config["run"]["method"], int(trial.config["run"]["seed"]))
+        if key in ended:  # a trial retried after it had reported: its first outcome stands
+            return None
+        ended.add(key)
+        return key
 
     class Keep(tune.Callback):  # type: ignore[misc, name-defined]
         def on_trial_result(self, iteration: int, trials: Any, trial: Any, result: Any, **info: Any) -> None:
-            books.result(trial.config, result)
+            if OUTCOME not in result or (key := first_end(trial)) is None:
+                return
+            outcome = json.loads(result[OUTCOME])
+            kind, where = outcome["outcome"], {"method": key[0], "seed": key[1]}
+            if kind == "run":
+                record = RunRecord.from_dict(json.loads(outcome["record"]))
+                out.runs.append(record)
+                on_run(record)
+                on_seed(out)
+            elif kind == "stopped":
+                out.stopped = {**where, "error": outcome["error"]}
+            elif kind == "left_out":
+                out.left_out += [] if key[0] in out.left_out else [key[0]]
+            else:
+                out.failed.append({**where, "error": outcome["error"]})
+                on_seed(out)
 
         def on_trial_error(self, iteration: int, trials: Any, trial: Any, **info: Any) -> None:
+            if (key := first_end(trial)) is None:
+                return
             file = Path(trial.error_file) if trial.error_file else None
-            books.error(trial.config, file.read_text() if file and file.is_file() else trial.get_error())
+            text = file.read_text() if file and file.is_file() else trial.get_error()
+            last = next((ln.strip() for ln in reversed((text or "").splitlines()) if ln.strip()), "no trace")
+            error = f"its worker failed {retries + 1} time(s), the last: {last[:300]}"
+            out.failed.append({"method": key[0], "seed": key[1], "error": error})
 
     class Breach(tune.Stopper):  # type: ignore[misc, name-defined]
         def __call__(self, trial_id: str, result: dict[str, Any]) -> bool:
             return False
 
         def stop_all(self) -> bool:
-            return books.out.stopped is not None
+            return out.stopped is not None
 
     return Keep(), Breach()
 
@@ -234,7 +225,7 @@ def _fit(tune: Any, study: Study, cluster: Cluster, out: Outcome, todo: list[dic
     """One Tune experiment: a trial per run in ``todo``, its outcomes into ``out``."""
     _by_value(study.task)
     spec = Spec(study, cluster.workers, dict(cluster.resources), cluster.threads)
-    keep, breach = _hooks(tune, _Books(out, on_run, on_seed, cluster.retries))
+    keep, breach = _books(tune, out, on_run, on_seed, cluster.retries)
     storage = None if cluster.storage is None else str(Path(cluster.storage).resolve())
     tuner = tune.Tuner(
         tune.with_resources(tune.with_parameters(trial, spec=spec), cluster.placement(tune)),

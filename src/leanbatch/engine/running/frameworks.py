@@ -14,50 +14,31 @@
   ``train()`` becomes ``run.log`` (``eval_loss`` and the others).
 
 Only Selective Backprop and its uniform twin select inside the frameworks' adapters; ``obs`` and
-``rho-loss`` need a plain loop's ``run.select``.
+``rho-loss`` need a plain loop's ``run.select``. The functions here use the ``run``'s public face only
+(typed ``Any``: :mod:`~leanbatch.engine.running.run` imports this module, not the other way).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import math
-from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from typing import Any
 
 from leanbatch import SelectiveBackprop
 from leanbatch.arms.methods import Arm
 from leanbatch.engine.running.data import ContractError, CountedInfoBatch, Counts
 from leanbatch.selection import Selector
 
-__all__ = ["framework_selector", "hf_trainer", "lightning_callback", "whole_epochs"]
-
-
-class TaskRun(Protocol):
-    """What the framework wiring uses of a :class:`~leanbatch.engine.running.run.Run` (which calls it):
-    its public face only, so the dependency points one way."""
-
-    @property
-    def data(self) -> Any: ...
-
-    @property
-    def clock(self) -> Any: ...
-
-    @property
-    def total_steps(self) -> int | None: ...
-
-    def untimed(self) -> AbstractContextManager[None]: ...
-
-    def log(self, epoch: int | None = None, **values: Any) -> None: ...
+__all__ = ["framework_selector", "hf_trainer", "lightning_callback"]
 
 
 def _numbers(metrics: Any) -> dict[str, float]:
-    """The numbers among a framework's logged metrics (floats and one-element tensors)."""
+    """The numbers among a framework's logged metrics (floats and one-element tensors) but its epoch."""
     out = {}
     for k, v in dict(metrics).items():
         v = v.item() if hasattr(v, "numel") and v.numel() == 1 else v
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and str(k) != "epoch":
             out[str(k)] = float(v)
     return out
 
@@ -73,61 +54,45 @@ def framework_selector(arm: Arm, selector: Selector | None) -> SelectiveBackprop
     return selector
 
 
-def whole_epochs(args: Any) -> int:
-    """``args.num_train_epochs`` (a Trainer's), refused unless whole: the arms plan whole epochs."""
-    epochs = args.num_train_epochs
-    if float(epochs) != int(epochs):
-        raise ContractError(f"args.num_train_epochs={epochs}: the arms plan whole epochs; use an integer")
-    return int(epochs)
-
-
 # ---------------------------------------------------------------------------- Lightning
-@functools.cache
-def _callback_class() -> type:
+def lightning_callback(
+    run: Any, data: CountedInfoBatch, selector: SelectiveBackprop | None, **kwargs: Any
+) -> Any:
+    """The arm's :class:`~leanbatch.lightning.LeanBatchCallback` over ``data`` with ``selector`` (see the
+    module docstring); ``kwargs``: the callback's other arguments."""
     from leanbatch.lightning import LeanBatchCallback
+
+    off = contextlib.ExitStack()  # a validation's block off the clock
 
     class ArmCallback(LeanBatchCallback):  # type: ignore[misc, valid-type]
         """:class:`~leanbatch.lightning.LeanBatchCallback` for one arm: its budget, its clock, its log."""
 
-        def __init__(self, run: TaskRun, *args: Any, **kwargs: Any):
-            super().__init__(*args, **kwargs)
-            self.run, self._off = run, contextlib.ExitStack()
-
         @property
         def progress(self) -> float:
-            total = self.run.total_steps
-            return super().progress if total is None else min(1.0, self.run.data.counts.steps / total)
+            total = run.total_steps
+            return super().progress if total is None else min(1.0, run.data.counts.steps / total)
 
         def on_train_batch_end(
             self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int
         ) -> None:
             super().on_train_batch_end(trainer, module, outputs, batch, batch_idx)
-            total = self.run.total_steps
-            if total is not None and self.run.data.counts.steps >= total:
+            total = run.total_steps
+            if total is not None and run.data.counts.steps >= total:
                 trainer.should_stop = True  # the budget is spent: the fit ends after this batch
 
         def on_train_start(self, trainer: Any, module: Any) -> None:
             super().on_train_start(trainer, module)
-            self.run.clock.start()  # the fit's set-up is the framework's, not the arm's
+            run.clock.start()  # the fit's set-up is the framework's, not the arm's
 
         def on_validation_start(self, trainer: Any, module: Any) -> None:
-            self._off.enter_context(self.run.untimed())
+            off.enter_context(run.untimed())
 
         def on_validation_end(self, trainer: Any, module: Any) -> None:
-            self._off.close()
+            off.close()
             if not trainer.sanity_checking:
-                values = {k: v for k, v in _numbers(trainer.callback_metrics).items() if k != "epoch"}
-                self.run.log(epoch=trainer.current_epoch, **values)
+                run.log(epoch=trainer.current_epoch, **_numbers(trainer.callback_metrics))
 
-    return ArmCallback
-
-
-def lightning_callback(
-    run: TaskRun, data: CountedInfoBatch, selector: SelectiveBackprop | None, **kwargs: Any
-) -> Any:
-    """The arm's :class:`~leanbatch.lightning.LeanBatchCallback` over ``data`` with ``selector`` (see the
-    module docstring); ``kwargs``: the callback's other arguments."""
-    return _callback_class()(run, data, selector, **kwargs)
+    return ArmCallback(data, selector, **kwargs)
 
 
 # ---------------------------------------------------------------------------- Hugging Face
@@ -143,17 +108,15 @@ class _Steps:
         return min(1.0, state.global_step / state.max_steps) if state.max_steps else 0.0
 
 
-def _trainer_class(base: type) -> type:
+def _trainer_class(base: type, run: Any, selector: SelectiveBackprop | None) -> type:
     class ArmTrainer(base):  # type: ignore[misc, valid-type]
         """The arm's trainer: counts its steps, evaluates off the clock, logs each evaluation."""
 
-        def __init__(self, *args: Any, run: TaskRun, selector: Any, **kwargs: Any):
-            super().__init__(*args, **kwargs)
-            self.run, self.selector, self._training, self._skipped = run, selector, False, 0
+        _training, _skipped = False, 0
 
         def train(self, *args: Any, **kwargs: Any) -> Any:
             self._training = True
-            self.run.clock.start()  # the trainer's set-up is the framework's, not the arm's
+            run.clock.start()  # the trainer's set-up is the framework's, not the arm's
             try:
                 return super().train(*args, **kwargs)
             finally:
@@ -163,26 +126,25 @@ def _trainer_class(base: type) -> type:
             tensors = (
                 [v for v in inputs.values() if hasattr(v, "shape")] if isinstance(inputs, dict) else [inputs]
             )
-            sel = self.selector  # rows the selection took out of this batch (before this step) count too
-            skipped = 0 if sel is None else sel.stats.skipped - self._skipped
+            # rows the selection took out of this batch (before this step) count too
+            skipped = 0 if selector is None else selector.stats.skipped - self._skipped
             self._skipped += skipped
-            self.run.data.counts.add(len(tensors[0]) + skipped)
+            run.data.counts.add(len(tensors[0]) + skipped)
             return super().training_step(model, inputs, *args, **kwargs)
 
         def evaluate(self, *args: Any, **kwargs: Any) -> Any:
-            with self.run.untimed():
+            with run.untimed():
                 metrics = super().evaluate(*args, **kwargs)
             if self._training:
                 epoch = max(0, math.ceil(float(self.state.epoch or 0.0)) - 1)
-                values = {k: v for k, v in _numbers(metrics).items() if k != "epoch"}
-                self.run.log(epoch=epoch, **values)
+                run.log(epoch=epoch, **_numbers(metrics))
             return metrics
 
     return ArmTrainer
 
 
 def hf_trainer(
-    run: TaskRun,
+    run: Any,
     args: Any,
     train_dataset: Any,
     data: CountedInfoBatch | None,
@@ -200,12 +162,12 @@ def hf_trainer(
     base = trainer_class or Trainer
     if data is not None or selector is not None:
         lean = {"train_dataset": data if data is not None else train_dataset, "selective_backprop": selector}
-        cls = _trainer_class(leanbatch_trainer(base))
+        base = leanbatch_trainer(base)
     else:
         total = run.total_steps
         if total is not None:
             steps = math.ceil(total / max(1, args.gradient_accumulation_steps))
             args = dataclasses.replace(args, max_steps=steps)
-        lean, cls = {"train_dataset": train_dataset}, _trainer_class(base)
-    trainer = cls(run=run, selector=selector, args=args, **lean, **kwargs)
+        lean = {"train_dataset": train_dataset}
+    trainer = _trainer_class(base, run, selector)(args=args, **lean, **kwargs)
     return trainer, data if data is not None else _Steps(trainer)

@@ -191,9 +191,12 @@ class Run:
         ``max_steps`` for a budget arm), built with ``args``, ``train_dataset`` and the Trainer's other
         arguments (the clock starts with its ``train()``; ``trainer_class``: your own ``Trainer``
         subclass): see :mod:`~leanbatch.engine.running.frameworks`."""
-        from leanbatch.engine.running.frameworks import framework_selector, hf_trainer, whole_epochs
+        from leanbatch.engine.running.frameworks import framework_selector, hf_trainer
 
-        epochs = whole_epochs(args)
+        epochs = args.num_train_epochs
+        if float(epochs) != int(epochs):
+            raise ContractError(f"args.num_train_epochs={epochs}: the arms plan whole epochs; use an integer")
+        epochs = int(epochs)
         self._bind(train_dataset, epochs)
         data = self._arm_data(train_dataset, epochs, shard=False) if self.arm.prunes else None
         selector = framework_selector(self.arm, self._selector_for(proxy=kwargs.pop("proxy", None)))

@@ -16,6 +16,7 @@ scores), and to a memory of last trained losses (online batch selection).
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from torch import Tensor
@@ -27,6 +28,7 @@ from leanbatch.selection.rules import num_selected
 __all__ = ["Pick", "smallest_trained"]
 
 
+@dataclass(eq=False)
 class Pick:
     """What :meth:`~leanbatch.engine.Run.select` returns: ``batch`` (the rows to train on, the input's
     structure), ``positions`` (their rows in the input batch; None: all of it), and :meth:`update`.
@@ -40,17 +42,12 @@ class Pick:
         3.0
     """
 
-    def __init__(
-        self,
-        batch: Any,
-        positions: Tensor | None,
-        indices: Tensor | None,
-        losses: Tensor | None = None,
-        memory: Selector | None = None,
-        stack: str = "trained",
-    ):
-        self.batch, self.positions, self.indices, self.losses = batch, positions, indices, losses
-        self._memory, self._stack = memory, stack
+    batch: Any
+    positions: Tensor | None
+    indices: Tensor | None
+    losses: Tensor | None = None  # the selection pass's losses of every row
+    memory: Selector | None = None  # online batch selection's, which records the trained rows' losses
+    stack: str = "trained"  # the arm's stack_scores
 
     def update(self, data: Any, per_sample_loss: Tensor) -> Tensor:
         """The loss to backpropagate, from the per-sample losses of :attr:`batch`'s rows: the arm's
@@ -60,9 +57,9 @@ class Pick:
             return data.update(per_sample_loss) if idx is None else data.update(per_sample_loss, idx)
         if idx is None:
             raise TypeError("a selected batch goes back with its indices: run.select(..., indices=idx)")
-        if self._memory is not None:  # online batch selection ranks later batches by these
-            self._memory.record_losses(idx[pos], per_sample_loss.detach())
-        if self._stack == "selection" and self.losses is not None and isinstance(data, InfoBatch):
+        if self.memory is not None:  # online batch selection ranks later batches by these
+            self.memory.record_losses(idx[pos], per_sample_loss.detach())
+        if self.stack == "selection" and self.losses is not None and isinstance(data, InfoBatch):
             w = data.weights(idx[pos])  # the trained rows' weights in this batch's plan
             data.update(self.losses, idx)  # the selection pass scored every row of the batch
             return (per_sample_loss * w).mean()

@@ -151,13 +151,8 @@ def _distributed(
     pending, shown = list(futures), 0
     while pending:
         _, pending = ray.wait(pending, timeout=0.5)
-        shown = _drain(store, shown, report)
+        logged = int(store.add("logs", 0))  # rank 0's logs so far: report those not yet shown
+        for n in range(shown, logged):
+            report(json.loads(store.get(f"log/{n}")))
+        shown = logged
     return ray.get(futures)[0]  # a process that died raises here
-
-
-def _drain(store: Any, shown: int, report: Callable[[dict[str, Any]], None]) -> int:
-    """Report rank 0's logs past the first ``shown``; how many it has logged."""
-    logged = int(store.add("logs", 0))
-    for n in range(shown, logged):
-        report(json.loads(store.get(f"log/{n}")))
-    return logged

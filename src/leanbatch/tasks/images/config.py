@@ -17,7 +17,7 @@ from leanbatch.checks import check_choice
 from leanbatch.tasks.images.data import DataSplit
 from leanbatch.tasks.images.models import CompactResNet, SmallCNN, build_model, default_model_name
 
-__all__ = ["LR_RULES", "TrainConfig", "has_batchnorm"]
+__all__ = ["LR_RULES", "TrainConfig"]
 
 # How the learning rate follows the rows a step trains (a batch budget, a selected batch): ``same``
 # keeps it; ``scaled`` multiplies it by rows / batch size (the linear scaling rule). ``same`` is the
@@ -113,21 +113,11 @@ class TrainConfig:
         """Whether the run's model for ``data`` has BatchNorm (built on the meta device: no memory, no draw)."""
         with torch.device("meta"):
             model = build_model(self.resolved_model(data), data.in_channels, data.num_classes, self.widths)
-        return has_batchnorm(model)
+        norms = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
+        return any(isinstance(m, norms) for m in model.modules())
 
     def as_dict(self) -> dict[str, Any]:
         """Plain-Python values, for results.json."""
         d = asdict(self)
         d["widths"] = None if self.widths is None else list(self.widths)
         return d
-
-
-def has_batchnorm(model: nn.Module) -> bool:
-    """Whether ``model`` normalises by batch statistics in training (then a batch of one fails).
-
-    Example:
-        >>> has_batchnorm(nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2))), has_batchnorm(nn.Linear(2, 2))
-        (True, False)
-    """
-    norms = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.SyncBatchNorm)
-    return any(isinstance(m, norms) for m in model.modules())

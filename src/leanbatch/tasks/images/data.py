@@ -46,14 +46,12 @@ __all__ = [
     "DataError",
     "load_data",
     "looks_like_path",
-    "min_image_side",
     "check_image_size",
 ]
 
 _CHANNELS = (1, 3, 4)
-CROP_PADDING = (
-    4  # the benchmark's random crop pads each side by this much (reflect), see tasks.images.loop.augment
-)
+# the benchmark's random crop pads each side by this much (reflect), see tasks.images.loop.augment
+CROP_PADDING = 4
 
 
 @dataclass
@@ -130,8 +128,8 @@ def load_data(spec: str, limit_train: int | None = None, limit_test: int | None 
     return _finish(name, where, raw, limit_train, limit_test)
 
 
-def min_image_side(augment: bool, scales: Iterable[float] = ()) -> tuple[int, str]:
-    """The smallest image side the benchmark can train on, and why.
+def check_image_size(data: DataSplit, augment: bool, scales: Iterable[float] = ()) -> None:
+    """Raise :class:`DataError` when ``data``'s images are smaller than the benchmark can train on.
 
     The warm-up and Selective Backprop's selection pass shrink images by a scale (the warm-up by
     0.5, selection by each method's ``sb_scale``), and a side must keep at least one pixel; the
@@ -139,8 +137,14 @@ def min_image_side(augment: bool, scales: Iterable[float] = ()) -> tuple[int, st
     pixels than that.
 
     Example:
-        >>> min_image_side(False)[0], min_image_side(False, [0.25])[0], min_image_side(True)[0]
-        (2, 4, 5)
+        >>> tiny = DataSplit("t", torch.zeros(2, 3, 3, 3), torch.zeros(2), torch.zeros(1, 3, 3, 3), torch.zeros(1), 2, "")
+        >>> for augment, scales in ((True, ()), (False, [0.25]), (False, [0.5])):
+        ...     try:
+        ...         check_image_size(tiny, augment, scales)
+        ...     except DataError as e:
+        ...         print(str(e).split(":")[0])
+        images are 3x3 but the bench needs at least 5x5
+        images are 3x3 but the bench needs at least 4x4
     """
     side, why = 1, ""
     for s in (0.5, *scales):
@@ -158,21 +162,6 @@ def min_image_side(augment: bool, scales: Iterable[float] = ()) -> tuple[int, st
             f"random-crop augmentation pads each side by {CROP_PADDING} pixels (reflect), which needs "
             f"{CROP_PADDING + 1} (--no-augment turns it off)"
         )
-    return side, why
-
-
-def check_image_size(data: DataSplit, augment: bool, scales: Iterable[float] = ()) -> None:
-    """Raise :class:`DataError` when ``data``'s images are smaller than :func:`min_image_side`.
-
-    Example:
-        >>> tiny = DataSplit("t", torch.zeros(2, 3, 3, 3), torch.zeros(2), torch.zeros(1, 3, 3, 3), torch.zeros(1), 2, "")
-        >>> try:
-        ...     check_image_size(tiny, augment=True)
-        ... except DataError as e:
-        ...     print(str(e).split(":")[0])
-        images are 3x3 but the bench needs at least 5x5
-    """
-    side, why = min_image_side(augment, scales)
     h, w = data.x_train.shape[-2:]
     if min(h, w) < side:
         raise DataError(f"images are {h}x{w} but the bench needs at least {side}x{side}: {why}")

@@ -28,7 +28,7 @@ from leanbatch import ProgressLR, cosine, training_progress
 from leanbatch.arms.methods import Arm
 from leanbatch.engine.running.data import Budget
 from leanbatch.engine.running.selecting import smallest_trained
-from leanbatch.tasks.images.config import TrainConfig, has_batchnorm
+from leanbatch.tasks.images.config import TrainConfig
 from leanbatch.tasks.images.data import DataError, DataSplit, check_image_size
 from leanbatch.tasks.images.irreducible import holdout_split, train_irreducible
 from leanbatch.tasks.images.loop import augment, evaluate, warm_up
@@ -105,7 +105,7 @@ class _Arm:
             torch.set_flush_denormal(True)
         torch.manual_seed(run.seed)  # the same initial weights for every arm at this seed
         self.net = cfg.make_model(data)
-        self.min_batch = 2 if has_batchnorm(self.net) else 1  # BatchNorm cannot normalise one sample
+        self.min_batch = 2 if cfg.batchnorm(data) else 1  # BatchNorm cannot normalise one sample
         self.rows = run.batch_size(cfg.batch_size)
         lr = cfg.lr * self.rows / cfg.batch_size if cfg.lr_rule == "scaled" else cfg.lr
         self.opt = cfg.optimizer(self.net)

@@ -98,8 +98,10 @@ def read_path(path: Path) -> RawData:
                 f"{path}: not a regular file or a folder (a device, FIFO or socket): give an .npz file, "
                 "a CIFAR-10 python-batches folder or an ImageFolder"
             )
-        cifar = _find_cifar(path)
-        return _read_cifar(cifar) if cifar is not None else _read_image_folder(path)
+        for cand in (path, path / "cifar-10-batches-py"):
+            if (cand / "data_batch_1").is_file() and (cand / "test_batch").is_file():
+                return _read_cifar(cand)
+        return _read_image_folder(path)
     except OSError as e:  # permissions, vanished files, I/O errors while listing or reading
         raise DataError(f"{path}: cannot read ({e.strerror or e})") from None
 
@@ -135,24 +137,6 @@ def _read_npz(path: Path) -> RawData:
 
 
 # ---------------------------------------------------------------------------- CIFAR-10
-def _find_cifar(path: Path) -> Path | None:
-    for cand in (path, path / "cifar-10-batches-py"):
-        if (cand / "data_batch_1").is_file() and (cand / "test_batch").is_file():
-            return cand
-    return None
-
-
-def _numpy_globals() -> dict[tuple[str, str], Any]:
-    """The classes and functions a pickled numpy array refers to, under numpy 1's and 2's module names."""
-    core: Any = getattr(np, "_core", None) or np.core
-    found: dict[tuple[str, str], Any] = {("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype}
-    for module in ("numpy.core", "numpy._core"):
-        found[(f"{module}.multiarray", "_reconstruct")] = core.multiarray._reconstruct
-        found[(f"{module}.multiarray", "scalar")] = core.multiarray.scalar
-        found[(f"{module}.numeric", "_frombuffer")] = core.numeric._frombuffer
-    return found
-
-
 class RefusedPickle(pickle.UnpicklingError):
     """A pickle asked for a class or function that :class:`CifarUnpickler` does not admit."""
 
@@ -167,7 +151,14 @@ class CifarUnpickler(pickle.Unpickler):
     """
 
     def find_class(self, module: str, name: str) -> Any:
-        allowed = {**_numpy_globals(), ("_codecs", "encode"): codecs.encode}
+        # what a pickled numpy array refers to, under numpy 1's and 2's module names
+        core: Any = getattr(np, "_core", None) or np.core
+        allowed: dict[tuple[str, str], Any] = {("numpy", "ndarray"): np.ndarray, ("numpy", "dtype"): np.dtype}
+        allowed[("_codecs", "encode")] = codecs.encode
+        for where in ("numpy.core", "numpy._core"):
+            allowed[(f"{where}.multiarray", "_reconstruct")] = core.multiarray._reconstruct
+            allowed[(f"{where}.multiarray", "scalar")] = core.multiarray.scalar
+            allowed[(f"{where}.numeric", "_frombuffer")] = core.numeric._frombuffer
         if (module, name) in allowed:
             return allowed[(module, name)]
         raise RefusedPickle(
