@@ -56,7 +56,6 @@ class TrainConfig:
     # gradients of this CNN into the denormal range, where x86 arithmetic is ~10x slower: without
     # it a step on MNIST took 110 ms instead of 12 ms here. It changes no result that matters.
     flush_denormal: bool = True
-    histogram_epochs: int = 3  # how many pruning epochs get a loss-histogram snapshot
     lr_rule: str = "same"  # see LR_RULES: the LR of a step that trains fewer rows than batch_size
 
     def __post_init__(self) -> None:
