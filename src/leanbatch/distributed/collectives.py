@@ -5,7 +5,7 @@
 - :func:`all_gather_rows`: a tensor of the same shape from every rank, in rank order;
 - :func:`mean_of_writers`: per row, the mean over the ranks that wrote it (the merge of scores
   written outside :func:`gather_step`);
-- :class:`DistComm`: the sums, maxima and gathers a sharded plan combines its slices with
+- :class:`DistComm`: the sums and gathers a sharded plan combines its slices with
   (the :class:`~leanbatch.policies.parts.Comm` of ``torch.distributed``).
 
 Outside an initialised process group of several processes every one of them is the identity.
@@ -161,27 +161,20 @@ class DistComm:
 
     Example:
         >>> import torch
-        >>> DistComm().max(torch.tensor([2])).tolist()   # no process group: one rank
+        >>> DistComm().sum(torch.tensor([2])).tolist()   # no process group: one rank
         [2]
     """
 
     def __init__(self, group: Any = None):
         self.group = group
 
-    def _reduce(self, t: Tensor, op: Any) -> Tensor:
+    def sum(self, t: Tensor) -> Tensor:
+        """``all_reduce`` SUM."""
         if not is_distributed(self.group):
             return t
         buf = t.to(comm_device(self.group)).contiguous().clone()
-        dist.all_reduce(buf, op=op, group=self.group)
+        dist.all_reduce(buf, group=self.group)
         return buf.cpu()
-
-    def sum(self, t: Tensor) -> Tensor:
-        """``all_reduce`` SUM."""
-        return self._reduce(t, dist.ReduceOp.SUM)
-
-    def max(self, t: Tensor) -> Tensor:
-        """``all_reduce`` MAX."""
-        return self._reduce(t, dist.ReduceOp.MAX)
 
     def gather(self, t: Tensor) -> Tensor:
         """``all_gather``, stacked in rank order: shape ``(W, *t.shape)``."""

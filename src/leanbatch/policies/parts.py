@@ -52,16 +52,12 @@ class Comm(Protocol):
 
     Example:
         >>> comm: Comm = LOCAL   # one process; DistComm(group) over torch.distributed
-        >>> comm.max(torch.tensor([4])).tolist()
+        >>> comm.sum(torch.tensor([4])).tolist()
         [4]
     """
 
     def sum(self, t: Tensor) -> Tensor:
         """Element-wise sum over the ranks (``all_reduce`` SUM)."""
-        ...
-
-    def max(self, t: Tensor) -> Tensor:
-        """Element-wise maximum over the ranks (``all_reduce`` MAX)."""
         ...
 
     def gather(self, t: Tensor) -> Tensor:
@@ -78,10 +74,6 @@ class LocalComm:
     """
 
     def sum(self, t: Tensor) -> Tensor:
-        """``t``."""
-        return t
-
-    def max(self, t: Tensor) -> Tensor:
         """``t``."""
         return t
 
