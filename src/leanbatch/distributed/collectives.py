@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from leanbatch.policies.parts import Comm
 from leanbatch.ranks import initialized, is_distributed, world_size
 
 __all__ = [
@@ -153,7 +154,7 @@ def mean_of_writers(
     return merged, torch.where(count > 0, sums[1] / n, var.to(dev))
 
 
-class DistComm:
+class DistComm(Comm):
     """``torch.distributed`` collectives over ``group``, on its communication device (CUDA for NCCL).
 
     The :class:`~leanbatch.policies.parts.Comm` a sharded plan combines its slices with; results

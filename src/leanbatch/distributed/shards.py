@@ -34,7 +34,7 @@ from torch import Tensor
 
 from leanbatch.distributed.collectives import DistComm
 from leanbatch.permutation import KeyedPermutation, mix_seed
-from leanbatch.policies.parts import Part, Slice, slice_size
+from leanbatch.policies.parts import Part, Slice
 from leanbatch.policies.plan import Plan, plan_fields
 from leanbatch.ranks import initialized, is_distributed, process_rank, world_size
 from leanbatch.scores import ScoreTable
@@ -103,10 +103,6 @@ class ShardedScores(ScoreTable):
         mine = finite & (idx % w == self.slice.rank) & (idx < self.num_samples)
         return torch.where(mine, torch.div(idx, w, rounding_mode="floor"), self.rows)
 
-    def local_rows(self, indices: Tensor) -> Tensor:
-        """Local rows of global ``indices`` this rank owns (``i // world``; ownership not checked)."""
-        return self.slice.local_rows(indices)
-
     @property
     def owner(self) -> tuple[int, int] | None:  # type: ignore[override]
         """``(world, rank)`` of the slice this table holds."""
@@ -170,7 +166,7 @@ class ShardedScores(ScoreTable):
         """Scores of global ``indices``, each of which this rank must own (:meth:`check_owned`)."""
         idx = self._index(indices)
         self.check_owned(idx)
-        return self.values[self.local_rows(idx)]
+        return self.values[self.slice.local_rows(idx)]
 
     def state_dict(self) -> dict[str, Any]:
         """The table's state, with ``world`` and ``rank``."""
@@ -216,11 +212,7 @@ class ShardedPlan(Plan):
     @property
     def num_listed(self) -> int:
         """Kept samples in this rank's list."""
-        return (
-            slice_size(self.num_samples, self.world, self.rank)
-            if self.kept is None
-            else int(self.kept.numel())
-        )
+        return self.counts[self.rank]
 
     @property
     def num_kept(self) -> int:
@@ -275,18 +267,19 @@ class ShardedPlan(Plan):
             ints = [world, rank, length, *counts] if isinstance(counts, (list, tuple)) else []
             ok = bool(ints) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in ints)
             ok = ok and world >= 1 and rank < world and len(counts) == world
-            ok = ok and all(c <= slice_size(num_samples, world, r) for r, c in enumerate(counts))
+            ok = ok and all(c <= Slice(num_samples, world, r).size for r, c in enumerate(counts))
         if not ok:
             raise ValueError(
                 f"{name}['shard'] must be a dict of world, rank, counts (one per rank) and length"
             )
-        rows = slice_size(num_samples, world, rank)
+        rows = Slice(num_samples, world, rank).size
         fields = plan_fields(state, num_samples, name, rows, (world, rank))
-        plan = cls(**fields, world=world, rank=rank, counts=tuple(counts), length=length)
-        if plan.num_listed != counts[rank]:
+        listed = rows if fields["kept"] is None else int(fields["kept"].numel())
+        if listed != counts[rank]:
             raise ValueError(
-                f"{name}['shard'] counts {counts[rank]} kept on this rank, its list holds {plan.num_listed}"
+                f"{name}['shard'] counts {counts[rank]} kept on this rank, its list holds {listed}"
             )
+        plan = cls(**fields, world=world, rank=rank, counts=tuple(counts), length=length)
         if plan.num_kept > num_samples:
             raise ValueError(f"{name} keeps {plan.num_kept} samples of {num_samples}")
         return plan

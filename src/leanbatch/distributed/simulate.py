@@ -25,11 +25,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from leanbatch.policies.parts import Comm
+
 __all__ = ["SimulatedWorld"]
 
 
-class _RankComm:
-    """Rank ``rank``'s view of a :class:`SimulatedWorld`: the :class:`~leanbatch.policies.parts.Comm` collectives."""
+class _RankComm(Comm):
+    """Rank ``rank``'s view of a :class:`SimulatedWorld`: its collectives."""
 
     def __init__(self, world: SimulatedWorld, rank: int):
         self.world, self.rank = world, rank
