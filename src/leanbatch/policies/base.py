@@ -24,7 +24,8 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from leanbatch.policies.keyed import keyed_below, keyed_uniform
+from leanbatch.permutation import mix_seed
+from leanbatch.policies.keyed import keyed_below
 from leanbatch.policies.parts import Slice, global_count, global_mean
 from leanbatch.policies.plan import Plan
 
@@ -107,7 +108,8 @@ def keyed_drop(
     if p_empty == 0.0:  # something is always kept (or an all-dropped draw is impossible in float64 terms)
         return drop, _SCALE / (_SCALE - m)
     if global_count(drop.numel() - int(torch.count_nonzero(drop)), sl) == 0:
-        u = keyed_uniform(key, 1)
+        g = torch.Generator().manual_seed(mix_seed(key, 1))
+        u = float(torch.rand((), dtype=torch.float64, generator=g))  # a keyed uniform in [0, 1)
         j = min(n - 1, int(math.floor(math.log1p(-u * (1.0 - p_empty)) / math.log(q_exact))))
         keyed_below(key, sl, cut, drop, tag=2)  # the indices after j, drawn anew
         idx = sl.indices()
