@@ -2,7 +2,6 @@
 
 - :func:`gather_step`: one step's score rows (an index and a loss each) from every rank, one
   all-gather started without waiting (it runs during the backward pass);
-- :func:`all_gather_rows`: a tensor of the same shape from every rank, in rank order;
 - :func:`mean_of_writers`: per row, the mean over the ranks that wrote it (the merge of scores
   written outside :func:`gather_step`);
 - :class:`DistComm`: the sums and gathers a sharded plan combines its slices with
@@ -13,8 +12,8 @@ They run on :func:`comm_device`: the current CUDA device for NCCL, else the CPU.
 
 Example:
     >>> import torch
-    >>> all_gather_rows(torch.arange(3)).tolist(), DistComm().sum(torch.tensor([2])).tolist()
-    ([0, 1, 2], [2])
+    >>> DistComm().gather(torch.arange(3)).tolist(), DistComm().sum(torch.tensor([2])).tolist()
+    ([[0, 1, 2]], [2])
 """
 
 from __future__ import annotations
@@ -32,7 +31,6 @@ from leanbatch.ranks import initialized, is_distributed, world_size
 __all__ = [
     "STEP_ROW_BYTES",
     "DistComm",
-    "all_gather_rows",
     "comm_device",
     "gather_step",
     "mean_of_writers",
@@ -72,24 +70,6 @@ def _start_gather(t: Tensor, group: Any) -> tuple[Tensor, Any]:
     out = t.new_empty((world_size(group) * t.shape[0], *t.shape[1:]))
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     return out, gather(out, t, group=group, async_op=True)
-
-
-def all_gather_rows(t: Tensor, group: Any = None) -> Tensor:
-    """``t`` (the same shape on every rank) from every rank of ``group``, concatenated in rank order.
-
-    One collective, on :func:`comm_device` (asynchronous on a CUDA stream with NCCL). Without a
-    process group of several processes, ``t`` itself.
-
-    Example:
-        >>> import torch
-        >>> all_gather_rows(torch.arange(3)).tolist()
-        [0, 1, 2]
-    """
-    if not is_distributed(group):
-        return t
-    out, work = _start_gather(t, group)
-    work.wait()  # NCCL: the current stream waits, not the host
-    return out
 
 
 def gather_step(indices: Tensor, losses: Tensor, group: Any = None) -> Callable[[], tuple[Tensor, Tensor]]:
@@ -179,4 +159,8 @@ class DistComm(Comm):
 
     def gather(self, t: Tensor) -> Tensor:
         """``all_gather``, stacked in rank order: shape ``(W, *t.shape)``."""
-        return all_gather_rows(t.reshape(1, -1), self.group).cpu().reshape(-1, *t.shape)
+        if not is_distributed(self.group):
+            return t.cpu().unsqueeze(0)
+        out, work = _start_gather(t.reshape(1, -1), self.group)
+        work.wait()  # NCCL: the current stream waits, not the host
+        return out.cpu().reshape(-1, *t.shape)
