@@ -135,7 +135,12 @@ def shard_state(state: dict[str, Any], world: int, rank: int, drop_last: bool = 
     if sampler.get("plan") is not None and not sampler["finished"]:
         plan = Plan.from_state(sampler["plan"], n, "state_dict['sampler']['plan']")
         rest, done = _untrained(plan, sampler["seed"], sampler["position"])
-        mine = _resumed(mine, _cut(plan, rest, plan.trained_before + done, world, rank, drop_last))
+        owner = rest % world  # this rank's part of what is left, and every rank's count
+        counts = tuple(int(c) for c in torch.bincount(owner, minlength=world))
+        kept = rest[owner == rank].to(torch.int32 if n < 2**31 else torch.int64)
+        weights = None if plan.weights is None else plan.weights[rank::world].clone()
+        part = Plan(plan.epoch, n, kept, weights, plan.threshold, plan.pruning, plan.trained_before + done)
+        mine = _resumed(mine, as_shard(part, rank, counts, drop_last))
     return {"version": 2, "scores": out, "sampler": mine}
 
 
@@ -188,16 +193,6 @@ def _untrained(plan: Plan, seed: int, position: int) -> tuple[Tensor, int]:
     left = torch.ones(count, dtype=torch.bool)
     left[torch.searchsorted(listed, trained)] = False
     return listed[left], served
-
-
-def _cut(plan: Plan, rest: Tensor, done: int, world: int, rank: int, drop_last: bool) -> ShardedPlan:
-    """Rank ``rank``'s continuation plan: its own samples of ``rest``, every rank's counts."""
-    owner = rest % world
-    counts = tuple(int(c) for c in torch.bincount(owner, minlength=world))
-    kept = rest[owner == rank].to(torch.int32 if plan.num_samples < 2**31 else torch.int64)
-    weights = None if plan.weights is None else plan.weights[rank::world].clone()
-    part = Plan(plan.epoch, plan.num_samples, kept, weights, plan.threshold, plan.pruning, done)
-    return as_shard(part, rank, counts, drop_last)
 
 
 def _resumed(sampler: dict[str, Any], plan: Plan) -> dict[str, Any]:

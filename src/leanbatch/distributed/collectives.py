@@ -2,10 +2,9 @@
 
 - :func:`gather_step`: one step's score rows (an index and a loss each) from every rank, one
   all-gather started without waiting (it runs during the backward pass);
-- :func:`all_gather_rows`: a tensor of the same shape from every rank, in rank order;
 - :func:`mean_of_writers`: per row, the mean over the ranks that wrote it (the merge of scores
   written outside :func:`gather_step`);
-- :class:`DistComm`: the sums, maxima and gathers a sharded plan combines its slices with
+- :class:`DistComm`: the sums and gathers a sharded plan combines its slices with
   (the :class:`~leanbatch.policies.parts.Comm` of ``torch.distributed``).
 
 Outside an initialised process group of several processes every one of them is the identity.
@@ -13,8 +12,8 @@ They run on :func:`comm_device`: the current CUDA device for NCCL, else the CPU.
 
 Example:
     >>> import torch
-    >>> all_gather_rows(torch.arange(3)).tolist(), DistComm().sum(torch.tensor([2])).tolist()
-    ([0, 1, 2], [2])
+    >>> DistComm().gather(torch.arange(3)).tolist(), DistComm().sum(torch.tensor([2])).tolist()
+    ([[0, 1, 2]], [2])
 """
 
 from __future__ import annotations
@@ -26,12 +25,12 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from leanbatch.policies.parts import Comm
 from leanbatch.ranks import initialized, is_distributed, world_size
 
 __all__ = [
     "STEP_ROW_BYTES",
     "DistComm",
-    "all_gather_rows",
     "comm_device",
     "gather_step",
     "mean_of_writers",
@@ -71,24 +70,6 @@ def _start_gather(t: Tensor, group: Any) -> tuple[Tensor, Any]:
     out = t.new_empty((world_size(group) * t.shape[0], *t.shape[1:]))
     gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
     return out, gather(out, t, group=group, async_op=True)
-
-
-def all_gather_rows(t: Tensor, group: Any = None) -> Tensor:
-    """``t`` (the same shape on every rank) from every rank of ``group``, concatenated in rank order.
-
-    One collective, on :func:`comm_device` (asynchronous on a CUDA stream with NCCL). Without a
-    process group of several processes, ``t`` itself.
-
-    Example:
-        >>> import torch
-        >>> all_gather_rows(torch.arange(3)).tolist()
-        [0, 1, 2]
-    """
-    if not is_distributed(group):
-        return t
-    out, work = _start_gather(t, group)
-    work.wait()  # NCCL: the current stream waits, not the host
-    return out
 
 
 def gather_step(indices: Tensor, losses: Tensor, group: Any = None) -> Callable[[], tuple[Tensor, Tensor]]:
@@ -153,7 +134,7 @@ def mean_of_writers(
     return merged, torch.where(count > 0, sums[1] / n, var.to(dev))
 
 
-class DistComm:
+class DistComm(Comm):
     """``torch.distributed`` collectives over ``group``, on its communication device (CUDA for NCCL).
 
     The :class:`~leanbatch.policies.parts.Comm` a sharded plan combines its slices with; results
@@ -161,28 +142,25 @@ class DistComm:
 
     Example:
         >>> import torch
-        >>> DistComm().max(torch.tensor([2])).tolist()   # no process group: one rank
+        >>> DistComm().sum(torch.tensor([2])).tolist()   # no process group: one rank
         [2]
     """
 
     def __init__(self, group: Any = None):
         self.group = group
 
-    def _reduce(self, t: Tensor, op: Any) -> Tensor:
+    def sum(self, t: Tensor) -> Tensor:
+        """``all_reduce`` SUM."""
         if not is_distributed(self.group):
             return t
         buf = t.to(comm_device(self.group)).contiguous().clone()
-        dist.all_reduce(buf, op=op, group=self.group)
+        dist.all_reduce(buf, group=self.group)
         return buf.cpu()
-
-    def sum(self, t: Tensor) -> Tensor:
-        """``all_reduce`` SUM."""
-        return self._reduce(t, dist.ReduceOp.SUM)
-
-    def max(self, t: Tensor) -> Tensor:
-        """``all_reduce`` MAX."""
-        return self._reduce(t, dist.ReduceOp.MAX)
 
     def gather(self, t: Tensor) -> Tensor:
         """``all_gather``, stacked in rank order: shape ``(W, *t.shape)``."""
-        return all_gather_rows(t.reshape(1, -1), self.group).cpu().reshape(-1, *t.shape)
+        if not is_distributed(self.group):
+            return t.cpu().unsqueeze(0)
+        out, work = _start_gather(t.reshape(1, -1), self.group)
+        work.wait()  # NCCL: the current stream waits, not the host
+        return out.cpu().reshape(-1, *t.shape)

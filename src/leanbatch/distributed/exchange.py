@@ -82,9 +82,7 @@ class ScoreExchange:
     def __init__(self, table: ScoreTable, group: Any = None, carrier: ScoreCarrier | None = None):
         self.table = table
         self.group = group
-        self.carrier: ScoreCarrier | None = (
-            carrier  # what the rows ride (carry()); None: an all-gather a step
-        )
+        self.carrier = carrier  # what the rows ride (carry()); None: an all-gather a step
 
     def send(self, indices: Tensor, losses: Tensor) -> None:
         """Store one step's rows on every rank: every rank's rows, in rank order (the same number

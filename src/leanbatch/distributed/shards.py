@@ -3,12 +3,12 @@
 With ``W`` ranks, rank ``r`` owns the dataset indices ``i % W == r`` (a
 :class:`~leanbatch.policies.parts.Slice`): :class:`ShardedScores` holds their scores (local row
 ``j`` is index ``r + j * W``; indices stay global everywhere else, and a row of another rank is
-not stored), and :class:`ShardedPlan` the kept indices it owns and their weights. Planning is the
-one wrapper :func:`plan_shard` around a shardable policy (``policy.shardable``, handed the
-table's :class:`~leanbatch.policies.parts.Part`: its rows and their slice, with the collectives): the plan is the unsharded plan's part on the
-slice. Each rank serves its own kept list in a keyed order, every rank padded (or truncated) to
-one length: its ``k``-th sample sits at position ``k * world + rank`` of the epoch's order, so
-the sampler's arithmetic is the same as unsharded.
+not stored), and :class:`ShardedPlan` the kept indices it owns and their weights.
+:meth:`ShardedScores.plan` hands a shardable policy (``policy.shardable``) the table's
+:class:`~leanbatch.policies.parts.Part` (its rows and their slice, with the collectives): the plan
+is the unsharded plan's part on the slice. Each rank serves its own kept list in a keyed order,
+every rank padded (or truncated) to one length: its ``k``-th sample sits at position
+``k * world + rank`` of the epoch's order, so the sampler's arithmetic is the same as unsharded.
 
 Example:
     >>> import torch
@@ -16,7 +16,8 @@ Example:
     >>> from leanbatch.policies.parts import LOCAL
     >>> table = ShardedScores(10, world=2, rank=1)
     >>> table.update(torch.tensor([1, 3, 5]), torch.tensor([0.1, 0.2, 9.0]))
-    >>> plan = plan_shard(InfoBatchPolicy(0.5, 2), table, 0, torch.Generator().manual_seed(0), LOCAL, False)
+    >>> g = torch.Generator().manual_seed(0)
+    >>> plan = table.plan(InfoBatchPolicy(0.5, 2), 0, g, world=2, rank=1, comm=LOCAL)
     >>> table.values.shape, plan.counts, plan.threshold is not None
     (torch.Size([5]), (4,), True)
 """
@@ -33,13 +34,12 @@ from torch import Tensor
 
 from leanbatch.distributed.collectives import DistComm
 from leanbatch.permutation import KeyedPermutation, mix_seed
-from leanbatch.policies.base import Policy
-from leanbatch.policies.parts import Comm, Part, Slice, slice_size
+from leanbatch.policies.parts import Part, Slice
 from leanbatch.policies.plan import Plan, plan_fields
 from leanbatch.ranks import initialized, is_distributed, process_rank, world_size
 from leanbatch.scores import ScoreTable
 
-__all__ = ["ShardedPlan", "ShardedScores", "as_shard", "plan_shard", "shard_of"]
+__all__ = ["ShardedPlan", "ShardedScores", "as_shard", "shard_of"]
 
 
 def shard_of(num_samples: int, num_replicas: int | None, rank: int | None, group: Any) -> tuple[int, int]:
@@ -103,19 +103,17 @@ class ShardedScores(ScoreTable):
         mine = finite & (idx % w == self.slice.rank) & (idx < self.num_samples)
         return torch.where(mine, torch.div(idx, w, rounding_mode="floor"), self.rows)
 
-    def local_rows(self, indices: Tensor) -> Tensor:
-        """Local rows of global ``indices`` this rank owns (``i // world``; ownership not checked)."""
-        return self.slice.local_rows(indices)
-
     @property
     def owner(self) -> tuple[int, int] | None:  # type: ignore[override]
         """``(world, rank)`` of the slice this table holds."""
         return self.slice.world, self.slice.rank
 
     def plan(self, policy: Any, epoch: int, generator: torch.Generator, **layout: Any) -> ShardedPlan:
-        """This rank's part of epoch ``epoch``'s plan (:func:`plan_shard`): ``layout`` holds ``world``,
-        ``rank`` (checked against the table's), ``comm`` (default: ``torch.distributed`` over
-        ``group``) and ``drop_last``."""
+        """This rank's part of epoch ``epoch``'s plan, and every rank's kept count (one gather).
+
+        ``layout`` holds ``world``, ``rank`` (checked against the table's), ``comm`` (the collectives
+        the policy's global statistics combine through; default: ``torch.distributed`` over
+        ``group``) and ``drop_last`` (each rank serves the largest kept count, or the smallest)."""
         world, rank, comm, group = layout["world"], layout["rank"], layout.get("comm"), layout.get("group")
         if (self.slice.world, self.slice.rank) != (world, rank):
             raise ValueError(
@@ -128,8 +126,11 @@ class ShardedScores(ScoreTable):
                 f"shard_scores=True with {world} ranks plans through collectives: call "
                 "torch.distributed.init_process_group() before training"
             )
-        comm = DistComm(group) if comm is None else comm
-        return plan_shard(policy, self, epoch, generator, comm, bool(layout.get("drop_last", False)))
+        sl = Slice(self.num_samples, world, rank, DistComm(group) if comm is None else comm)
+        plan = policy(Part(self.values, sl), epoch, generator)
+        mine = sl.size if plan.kept is None else int(plan.kept.numel())
+        counts = tuple(int(c) for c in sl.comm.gather(torch.tensor([mine], dtype=torch.int64))[:, 0])
+        return as_shard(plan, rank, counts, bool(layout.get("drop_last", False)))
 
     def load_plan(self, kind: Any, saved: Any, name: str) -> ShardedPlan:
         """A saved plan of this rank's part, validated; it loads only into the same rank of the same world."""
@@ -165,7 +166,7 @@ class ShardedScores(ScoreTable):
         """Scores of global ``indices``, each of which this rank must own (:meth:`check_owned`)."""
         idx = self._index(indices)
         self.check_owned(idx)
-        return self.values[self.local_rows(idx)]
+        return self.values[self.slice.local_rows(idx)]
 
     def state_dict(self) -> dict[str, Any]:
         """The table's state, with ``world`` and ``rank``."""
@@ -211,11 +212,7 @@ class ShardedPlan(Plan):
     @property
     def num_listed(self) -> int:
         """Kept samples in this rank's list."""
-        return (
-            slice_size(self.num_samples, self.world, self.rank)
-            if self.kept is None
-            else int(self.kept.numel())
-        )
+        return self.counts[self.rank]
 
     @property
     def num_kept(self) -> int:
@@ -270,37 +267,22 @@ class ShardedPlan(Plan):
             ints = [world, rank, length, *counts] if isinstance(counts, (list, tuple)) else []
             ok = bool(ints) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in ints)
             ok = ok and world >= 1 and rank < world and len(counts) == world
-            ok = ok and all(c <= slice_size(num_samples, world, r) for r, c in enumerate(counts))
+            ok = ok and all(c <= Slice(num_samples, world, r).size for r, c in enumerate(counts))
         if not ok:
             raise ValueError(
                 f"{name}['shard'] must be a dict of world, rank, counts (one per rank) and length"
             )
-        rows = slice_size(num_samples, world, rank)
+        rows = Slice(num_samples, world, rank).size
         fields = plan_fields(state, num_samples, name, rows, (world, rank))
-        plan = cls(**fields, world=world, rank=rank, counts=tuple(counts), length=length)
-        if plan.num_listed != counts[rank]:
+        listed = rows if fields["kept"] is None else int(fields["kept"].numel())
+        if listed != counts[rank]:
             raise ValueError(
-                f"{name}['shard'] counts {counts[rank]} kept on this rank, its list holds {plan.num_listed}"
+                f"{name}['shard'] counts {counts[rank]} kept on this rank, its list holds {listed}"
             )
+        plan = cls(**fields, world=world, rank=rank, counts=tuple(counts), length=length)
         if plan.num_kept > num_samples:
             raise ValueError(f"{name} keeps {plan.num_kept} samples of {num_samples}")
         return plan
-
-
-def plan_shard(
-    policy: Policy, table: ShardedScores, epoch: int, generator: torch.Generator, comm: Comm, drop_last: bool
-) -> ShardedPlan:
-    """This rank's part of the epoch's plan, and every rank's kept count (one gather through ``comm``).
-
-    ``policy`` plans the table's :class:`~leanbatch.policies.parts.Part` (its rows and slice), its global statistics combined through
-    ``comm`` (every rank calls this together); the shard length is the largest kept count (the
-    smallest with ``drop_last``).
-    """
-    sl = Slice(table.num_samples, table.slice.world, table.slice.rank, comm)
-    plan = policy(Part(table.values, sl), epoch, generator)  # type: ignore[arg-type]  # a shardable policy
-    mine = sl.size if plan.kept is None else int(plan.kept.numel())
-    counts = tuple(int(c) for c in comm.gather(torch.tensor([mine], dtype=torch.int64))[:, 0])
-    return as_shard(plan, sl.rank, counts, drop_last)
 
 
 def as_shard(plan: Plan, rank: int, counts: tuple[int, ...], drop_last: bool) -> ShardedPlan:

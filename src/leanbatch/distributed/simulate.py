@@ -3,7 +3,7 @@
 For measuring a sharded plan per rank on one machine (``leanbatch micro plan --world 8 --shard``)
 and for testing it without processes. :class:`SimulatedWorld` runs one thread per rank, but only
 one at a time: a rank runs until it calls a collective, then hands over to the next rank; the
-last one combines every rank's input as the collective would (element-wise sums and maxima in
+last one combines every rank's input as the collective would (element-wise sums in
 rank order, gathers stacked in rank order) and rank 0 carries on. Each rank's time is the sum of
 its own turns (:attr:`SimulatedWorld.busy`), so it is what the rank would spend on its own
 machine, waiting aside.
@@ -25,11 +25,13 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from leanbatch.policies.parts import Comm
+
 __all__ = ["SimulatedWorld"]
 
 
-class _RankComm:
-    """Rank ``rank``'s view of a :class:`SimulatedWorld`: the :class:`~leanbatch.policies.parts.Comm` collectives."""
+class _RankComm(Comm):
+    """Rank ``rank``'s view of a :class:`SimulatedWorld`: its collectives."""
 
     def __init__(self, world: SimulatedWorld, rank: int):
         self.world, self.rank = world, rank
@@ -37,10 +39,6 @@ class _RankComm:
     def sum(self, t: Tensor) -> Tensor:
         """``all_reduce`` SUM."""
         return self.world._collective(self.rank, t, lambda ts: torch.stack(ts).sum(0))
-
-    def max(self, t: Tensor) -> Tensor:
-        """``all_reduce`` MAX."""
-        return self.world._collective(self.rank, t, lambda ts: torch.stack(ts).amax(0))
 
     def gather(self, t: Tensor) -> Tensor:
         """``all_gather``, stacked in rank order."""

@@ -46,24 +46,21 @@ def _measure(n: int, world: int, sharded: bool, repeats: int, policy: str) -> li
         wall = time.perf_counter() - t0
         times = sim.busy if sharded else [wall]
         best = [min(b, t) for b, t in zip(best, times, strict=True)]
-    rows = []
     plans = sim.run([partial(planned, r, repeats) for r in range(ranks)])
-    for r, (t, plan) in enumerate(zip(tables, plans, strict=True)):
-        plan_b = sum(0 if x is None else x.nbytes for x in (plan.kept, plan.weights))
-        rows.append(
-            {
-                "num_samples": n,
-                "world": world,
-                "sharded": sharded,
-                "rank": r,
-                "plan_s": best[r],
-                "score_bytes": t.nbytes,
-                "plan_bytes": plan_b,
-                "kept": plan.num_kept,
-                "policy": policy,
-            }
-        )
-    return rows
+    return [
+        {
+            "num_samples": n,
+            "world": world,
+            "sharded": sharded,
+            "rank": r,
+            "plan_s": best[r],
+            "score_bytes": t.nbytes,
+            "plan_bytes": sum(0 if x is None else x.nbytes for x in (plan.kept, plan.weights)),
+            "kept": plan.num_kept,
+            "policy": policy,
+        }
+        for r, (t, plan) in enumerate(zip(tables, plans, strict=True))
+    ]
 
 
 def bench_plan_sharded(

@@ -6,7 +6,7 @@ The order in which kept samples are served is not part of the plan: the sampler
 shuffles lazily with a keyed permutation (see :mod:`leanbatch.sampler`).
 
 Rescaled policies drop each candidate independently with a known probability
-``q`` (:func:`drop_mask`) and give every kept candidate the exact inverse of its
+``q`` (:func:`keyed_drop`) and give every kept candidate the exact inverse of its
 inclusion probability, ``1 / (1 - q)``, as loss weight, so the expected weighted
 loss over the plan's randomness equals the full-data loss. Drop decisions compare
 uniform 32-bit integers with a cut, so ``q`` is exactly ``m / 2**32`` and the weight
@@ -24,21 +24,17 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
-from leanbatch.checks import check_epochs, check_ratio
-from leanbatch.policies.keyed import draw_key, keyed_below, keyed_uniform
+from leanbatch.permutation import mix_seed
+from leanbatch.policies.keyed import keyed_below
 from leanbatch.policies.parts import Slice, global_count, global_mean
 from leanbatch.policies.plan import Plan
 
 __all__ = [
     "Policy",
-    "check_common",
-    "drop_mask",
     "keyed_drop",
     "mean_score",
-    "plan_from_drop",
     "plan_from_keep",
     "pruning_epochs",
-    "weights_where",
 ]
 
 _SCALE = 1 << 32  # drop probabilities are multiples of 2**-32
@@ -52,8 +48,7 @@ class Policy(Protocol):
     ``shardable = True``: a sharded table then hands it, as ``scores``, its
     :class:`~leanbatch.policies.parts.Part` (that rank's rows and their slice, with the collectives;
     :func:`~leanbatch.policies.parts.split_part` reads either kind), and its plan is the unsharded
-    plan's part on that slice (:func:`leanbatch.distributed.shards.plan_shard` wraps it). Two optional
-    hooks, for policies that read more of the score table than its values:
+    plan's part on that slice (:meth:`leanbatch.distributed.ShardedScores.plan`). Two optional hooks, for policies that read more of the score table than its values:
     ``score_table_options() -> dict`` (the ``ScoreTable`` keyword arguments the rule needs, e.g.
     ``{"ema": 0.9, "variance": True}``; :class:`~leanbatch.InfoBatch` builds its table with them)
     and ``bind(table)`` (``PrunedSampler`` calls it once with its table; it may refuse a table that
@@ -82,51 +77,19 @@ def pruning_epochs(num_epochs: int, delta: float) -> int:
     return math.floor(delta * num_epochs + 1e-9)
 
 
-def check_common(prune_ratio: float, num_epochs: int, delta: float) -> None:
-    """Validate the arguments every rescaled policy shares (``ValueError`` naming the bad one).
-
-    Example:
-        >>> check_common(0.5, 8, 0.875)
-    """
-    check_epochs(num_epochs, delta)
-    check_ratio(
-        prune_ratio,
-        "prune_ratio",
-        "it is the fraction of well-learned samples dropped per epoch (0.5 is the paper's default)",
-    )
-
-
-def drop_mask(candidates: Tensor, q: float, generator: torch.Generator) -> tuple[Tensor, float]:
-    """Drop each candidate with probability ``q' = m / 2**32`` (m = round(q * 2**32)), never all.
-
-    Returns the drop mask and the weight of a kept candidate: the exact inverse of its
-    inclusion probability. The decisions are keyed by ``(key, index)`` with the key drawn from
-    ``generator`` (see :func:`keyed_drop`, which also plans a rank's slice). When every sample is
-    a candidate, an epoch with nothing kept is not allowed: the draw is conditioned on keeping at
-    least one, which makes the inclusion probability ``(1 - q') / (1 - q'**n)`` and the weight its
-    inverse.
-
-    Example:
-        >>> import torch
-        >>> drop, w = drop_mask(torch.tensor([True, True, False]), 0.5, torch.Generator().manual_seed(0))
-        >>> bool(drop[2]), w      # non-candidates are never dropped; kept candidates weigh 1 / (1 - 0.5)
-        (False, 2.0)
-    """
-    sl = Slice(candidates.numel())
-    return keyed_drop(candidates, q, draw_key(generator), sl, int(torch.count_nonzero(candidates)))
-
-
 def keyed_drop(
     candidates: Tensor, q: float, key: int, sl: Slice, num_candidates: int
 ) -> tuple[Tensor, float]:
-    """:func:`drop_mask` on the local rows of ``sl``, keyed by ``(key, global index)``.
+    """Drop each candidate (local rows of ``sl``) with probability ``q' = m / 2**32`` (m = round(q * 2**32)).
 
-    ``num_candidates`` counts the candidates of every rank. When all ``N`` samples are candidates
-    and every rank dropped all of its own (one collective says so), the draw is replaced by one
-    from the conditional law given one kept: the first kept index ``j`` follows a geometric law
-    truncated to ``[0, N)`` (inverted from a keyed uniform), indices before it are dropped, and
-    those after it are drawn anew with another key. Together this is exactly the conditional
-    distribution, the same on every rank.
+    Returns the drop mask and the weight of a kept candidate: the exact inverse of its
+    inclusion probability. The decisions are keyed by ``(key, global index)``.
+    ``num_candidates`` counts the candidates of every rank. When all ``N`` samples are candidates,
+    an epoch with nothing kept is not allowed: the draw is conditioned on keeping at least one
+    (inclusion probability ``(1 - q') / (1 - q'**N)``). When every rank dropped all of its own
+    (one collective says so), the first kept index ``j`` follows a geometric law truncated to
+    ``[0, N)`` (inverted from a keyed uniform), indices before it are dropped, and those after it
+    are drawn anew with another key: exactly the conditional distribution, the same on every rank.
 
     Example:
         >>> import torch
@@ -145,7 +108,8 @@ def keyed_drop(
     if p_empty == 0.0:  # something is always kept (or an all-dropped draw is impossible in float64 terms)
         return drop, _SCALE / (_SCALE - m)
     if global_count(drop.numel() - int(torch.count_nonzero(drop)), sl) == 0:
-        u = keyed_uniform(key, 1)
+        g = torch.Generator().manual_seed(mix_seed(key, 1))
+        u = float(torch.rand((), dtype=torch.float64, generator=g))  # a keyed uniform in [0, 1)
         j = min(n - 1, int(math.floor(math.log1p(-u * (1.0 - p_empty)) / math.log(q_exact))))
         keyed_below(key, sl, cut, drop, tag=2)  # the indices after j, drawn anew
         idx = sl.indices()
@@ -154,21 +118,24 @@ def keyed_drop(
     return drop, (1.0 - p_empty) / (1.0 - q_exact)
 
 
-def plan_from_drop(
-    epoch: int, drop: Tensor, weights: Tensor | None, threshold: float | None, sl: Slice | None = None
+def plan_from_keep(
+    epoch: int,
+    keep: Tensor,
+    weights: Tensor | None = None,
+    threshold: float | None = None,
+    sl: Slice | None = None,
 ) -> Plan:
-    """A pruning plan keeping the samples not dropped (``drop`` is consumed: negated in place).
+    """A pruning plan serving the samples where the bool mask ``keep`` is True (at least one).
 
     The kept indices are sorted global indices (of the local rows of ``sl``, default all), int32
     when they fit, built chunk by chunk.
 
     Example:
         >>> import torch
-        >>> plan_from_drop(2, torch.tensor([True, False, False, True]), None, None).kept.tolist()
+        >>> plan_from_keep(0, torch.tensor([False, True, True])).kept.tolist()
         [1, 2]
     """
-    sl = Slice(drop.numel()) if sl is None else sl
-    keep = drop.logical_not_()
+    sl = Slice(keep.numel()) if sl is None else sl
     dtype = torch.int32 if sl.num_samples < 2**31 else torch.int64
     kept = torch.empty(int(torch.count_nonzero(keep)), dtype=dtype)
     pos = 0
@@ -181,38 +148,10 @@ def plan_from_drop(
     return Plan(epoch, sl.num_samples, kept, weights, threshold, True)
 
 
-def weights_where(mask: Tensor, w: float) -> Tensor:
-    """float32 weights: ``w`` where ``mask``, 1 elsewhere; ``w`` (>= 1) rounded once, exactly as float32(w).
-
-    Example:
-        >>> import torch
-        >>> weights_where(torch.tensor([True, False]), 2.0).tolist()
-        [2.0, 1.0]
-    """
-    return mask.to(torch.float32).mul_(w).clamp_(min=1.0)
-
-
-def plan_from_keep(
-    epoch: int,
-    keep: Tensor,
-    weights: Tensor | None = None,
-    threshold: float | None = None,
-    sl: Slice | None = None,
-) -> Plan:
-    """A pruning plan serving the samples where the bool mask ``keep`` is True (at least one).
-
-    Example:
-        >>> import torch
-        >>> plan_from_keep(0, torch.tensor([False, True, True])).kept.tolist()
-        [1, 2]
-    """
-    return plan_from_drop(epoch, keep.logical_not(), weights, threshold, sl)
-
-
 def mean_score(scores: Tensor) -> tuple[float | None, int]:
     """Mean of the scored entries and their count (scores hold finite losses or NaN).
 
-    Exact and order-free (see :func:`~leanbatch.policies.keyed.global_mean`): never infinite,
+    Exact and order-free (see :func:`~leanbatch.policies.parts.global_mean`): never infinite,
     even for losses near the float32 maximum, and the same on any split between ranks.
 
     Example:

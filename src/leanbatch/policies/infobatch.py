@@ -25,15 +25,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from leanbatch.checks import check_ratio, check_real
-from leanbatch.policies.base import (
-    Policy,
-    check_common,
-    keyed_drop,
-    plan_from_drop,
-    pruning_epochs,
-    weights_where,
-)
+from leanbatch.checks import check_epochs, check_ratio, check_real
+from leanbatch.policies.base import Policy, keyed_drop, plan_from_keep, pruning_epochs
 from leanbatch.policies.keyed import draw_key
 from leanbatch.policies.parts import Part, global_count, global_mean, split_part
 from leanbatch.policies.plan import Plan, full_plan
@@ -57,7 +50,12 @@ class _Rescaled:
     max_drop: float = 0.9
 
     def __post_init__(self) -> None:
-        check_common(self.prune_ratio, self.num_epochs, self.delta)
+        check_epochs(self.num_epochs, self.delta)
+        check_ratio(
+            self.prune_ratio,
+            "prune_ratio",
+            "it is the fraction of well-learned samples dropped per epoch (0.5 is the paper's default)",
+        )
         if self.target not in _TARGETS:
             raise ValueError(
                 f"target must be 'below' (prune_ratio is a share of the below-mean samples, the paper's "
@@ -117,9 +115,10 @@ class _Rescaled:
         else:
             candidates, q, num_candidates = below, (drops / num_below if num_below else 0.0), num_below
         drop, w = keyed_drop(candidates, q, draw_key(generator), sl, num_candidates)
-        weights = weights_where(candidates, w if self.max_weight is None else min(w, float(self.max_weight)))
+        w = w if self.max_weight is None else min(w, float(self.max_weight))
+        weights = candidates.to(torch.float32).mul_(w).clamp_(min=1.0)  # w >= 1 rounded once, as float32(w)
         del candidates
-        return plan_from_drop(epoch, drop, weights, threshold, sl)
+        return plan_from_keep(epoch, drop.logical_not_(), weights, threshold, sl)
 
 
 @dataclass

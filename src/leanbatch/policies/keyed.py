@@ -27,7 +27,7 @@ from torch import Tensor
 from leanbatch.permutation import mix_seed
 from leanbatch.policies.parts import Slice
 
-__all__ = ["KEY_CHUNK", "draw_key", "keyed_below", "keyed_uniform", "keyed_values"]
+__all__ = ["KEY_CHUNK", "draw_key", "keyed_below", "keyed_values"]
 
 KEY_CHUNK = 1 << 20  # global indices per keyed stream
 
@@ -88,14 +88,3 @@ def keyed_values(key: int, sl: Slice, tag: int = 0) -> Tensor:
     for first, end, values in _chunks(key, sl, tag):
         out[first:end] = values
     return out
-
-
-def keyed_uniform(key: int, *tags: int) -> float:
-    """One float64 in [0, 1) keyed by ``(key, *tags)``, the same on every rank.
-
-    Example:
-        >>> 0.0 <= keyed_uniform(3, 1) < 1.0
-        True
-    """
-    g = torch.Generator().manual_seed(mix_seed(key, *tags))
-    return float(torch.rand((), dtype=torch.float64, generator=g))

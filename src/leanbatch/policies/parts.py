@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import NamedTuple, Protocol
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -33,12 +33,10 @@ from leanbatch.checks import check_int
 __all__ = [
     "LOCAL",
     "Comm",
-    "LocalComm",
     "Part",
     "Slice",
     "global_count",
     "global_mean",
-    "slice_size",
     "split_part",
 ]
 
@@ -47,30 +45,11 @@ _FIXED = 62 - 18 - 1  # fixed-point bits below the largest magnitude: a step's s
 _LIMB = 1 << 32
 
 
-class Comm(Protocol):
+class Comm:
     """The collectives a sharded plan needs; each call is made by every rank, in the same order.
 
-    Example:
-        >>> comm: Comm = LOCAL   # one process; DistComm(group) over torch.distributed
-        >>> comm.max(torch.tensor([4])).tolist()
-        [4]
-    """
-
-    def sum(self, t: Tensor) -> Tensor:
-        """Element-wise sum over the ranks (``all_reduce`` SUM)."""
-        ...
-
-    def max(self, t: Tensor) -> Tensor:
-        """Element-wise maximum over the ranks (``all_reduce`` MAX)."""
-        ...
-
-    def gather(self, t: Tensor) -> Tensor:
-        """Every rank's ``t`` (same shape everywhere), stacked in rank order: shape ``(W, *t.shape)``."""
-        ...
-
-
-class LocalComm:
-    """One process holding everything: every collective returns its input.
+    This base is one process holding everything (:data:`LOCAL`): every collective returns its
+    input. :class:`~leanbatch.distributed.collectives.DistComm` runs them over ``torch.distributed``.
 
     Example:
         >>> LOCAL.gather(torch.tensor([3])).tolist()
@@ -78,29 +57,15 @@ class LocalComm:
     """
 
     def sum(self, t: Tensor) -> Tensor:
-        """``t``."""
-        return t
-
-    def max(self, t: Tensor) -> Tensor:
-        """``t``."""
+        """Element-wise sum over the ranks (``all_reduce`` SUM)."""
         return t
 
     def gather(self, t: Tensor) -> Tensor:
-        """``t[None]``."""
+        """Every rank's ``t`` (same shape everywhere), stacked in rank order: shape ``(W, *t.shape)``."""
         return t.unsqueeze(0)
 
 
-LOCAL = LocalComm()
-
-
-def slice_size(num_samples: int, world: int, rank: int) -> int:
-    """Rows rank ``rank`` of ``world`` holds: ``ceil((num_samples - rank) / world)``.
-
-    Example:
-        >>> [slice_size(10, 4, r) for r in range(4)]
-        [3, 3, 2, 2]
-    """
-    return max(0, (num_samples - rank + world - 1) // world)
+LOCAL = Comm()
 
 
 @dataclass(frozen=True)
@@ -129,8 +94,8 @@ class Slice:
 
     @property
     def size(self) -> int:
-        """Rows this rank holds."""
-        return slice_size(self.num_samples, self.world, self.rank)
+        """Rows this rank holds: ``ceil((num_samples - rank) / world)``."""
+        return max(0, (self.num_samples - self.rank + self.world - 1) // self.world)
 
     @property
     def whole(self) -> bool:

@@ -40,7 +40,7 @@ from leanbatch.checks import check_epochs, check_ratio, check_real
 from leanbatch.policies.base import plan_from_keep, pruning_epochs
 from leanbatch.policies.budget import budget_size
 from leanbatch.policies.keyed import draw_key
-from leanbatch.policies.parts import Part, Slice, global_count, split_part
+from leanbatch.policies.parts import Part, global_count, split_part
 from leanbatch.policies.plan import Plan, full_plan
 from leanbatch.policies.select import kth_largest, top_mask, uniform_keys
 
@@ -194,7 +194,12 @@ class SeTaPolicy:
         scores = scores.detach().to("cpu", torch.float32)
         scored = subset & ~torch.isnan(scores)
         num_scored = global_count(torch.count_nonzero(scored), sl)
-        fit = _gathered(scores[top_mask(order, min(num_scored, _MAX_FIT), sl, among=scored)], sl)
+        fit = scores[top_mask(order, min(num_scored, _MAX_FIT), sl, among=scored)]
+        if not sl.whole:  # every rank's losses (kmeans_boundaries sorts them: the split does not show)
+            counts = sl.comm.gather(torch.tensor([fit.numel()]))[:, 0]
+            padded = torch.zeros(int(counts.max()), dtype=fit.dtype)
+            padded[: fit.numel()] = fit
+            fit = torch.cat([row[: int(c)] for row, c in zip(sl.comm.gather(padded), counts, strict=True)])
         bounds = kmeans_boundaries(fit, self.num_groups)  # fixed starts: a function of the losses alone
         if bounds is None:  # all scored losses equal: equal chunks of the (random) subset order
             cuts = [-(-j * num_scored // self.num_groups) for j in range(1, self.num_groups)]
@@ -205,14 +210,3 @@ class SeTaPolicy:
         return plan_from_keep(
             epoch, chosen if global_count(torch.count_nonzero(chosen), sl) else subset, sl=sl
         )
-
-
-def _gathered(values: Tensor, sl: Slice) -> Tensor:
-    """Every rank's ``values`` (of any length), concatenated; sorted, so the split does not show."""
-    if not sl.whole:
-        counts = sl.comm.gather(torch.tensor([values.numel()]))[:, 0]
-        padded = torch.zeros(int(counts.max()), dtype=values.dtype)
-        padded[: values.numel()] = values
-        rows = sl.comm.gather(padded)
-        values = torch.cat([row[: int(c)] for row, c in zip(rows, counts, strict=True)])
-    return torch.sort(values).values
