@@ -3,9 +3,6 @@ the built-in image task), the arms trained in turns, the results published. Torc
 inside these functions, never at import.
 
 Under torchrun every process runs the same study; the first (``RANK`` 0) prints and writes.
-
->>> resolve_device("cpu")
-'cpu'
 """
 
 from __future__ import annotations
@@ -38,12 +35,8 @@ __all__ = ["resolve_device", "run_bench"]
 
 
 def resolve_device(name: str) -> str:
-    """``--device``: ``auto`` (CUDA when available), ``cpu``, ``cuda`` or ``cuda:N``; :class:`CLIError` if unusable.
-
-    Example:
-        >>> resolve_device("cpu")
-        'cpu'
-    """
+    """``--device``: ``auto`` (CUDA when available), ``cpu``, ``cuda`` or ``cuda:N``; :class:`CLIError`
+    if unusable."""
     import torch
 
     if name == "auto":

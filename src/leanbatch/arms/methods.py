@@ -49,15 +49,7 @@ OPTIONS = tuple(dict.fromkeys(s.option for k in REGISTRY.values() for s in k.set
 
 
 class ArmError(ValueError):
-    """A method list could not be parsed or an arm's settings are invalid; the message is one line.
-
-    Example:
-        >>> try:
-        ...     parse_methods("sb[keep=2]")
-        ... except ArmError as e:
-        ...     print(e)
-        sb[keep=2]: keep must be in (0, 1], got 2.0
-    """
+    """A method list could not be parsed or an arm's settings are invalid; the message is one line."""
 
 
 @dataclass(frozen=True)
@@ -113,12 +105,7 @@ class Arm:
         return self.budget != 1.0 or self.batch != 1.0
 
     def policy(self, num_epochs: int, seed: int) -> Policy:
-        """This arm's pruning policy (``prunes`` only), for ``InfoBatch(policy=...)``.
-
-        Example:
-            >>> parse_methods("rs2")[0].policy(8, seed=0)
-            RS2Policy(prune_ratio=0.3, num_epochs=8, delta=1.0, seed=0)
-        """
+        """This arm's pruning policy (``prunes`` only), for ``InfoBatch(policy=...)``."""
         if self.method.policy is None:
             raise ValueError(f"{self.kind} does not prune")
         return self.method.policy(self.settings, num_epochs, seed)
@@ -143,10 +130,6 @@ class Arm:
     def probe_selector(self) -> Selector:
         """This arm's selector built for checks: seed 0, a one-sample memory, zero irreducible losses,
         a one-parameter proxy.
-
-        Example:
-            >>> parse_methods("sb")[0].probe_selector().keep
-            0.5
         """
         import torch
 
@@ -248,10 +231,6 @@ def make_arm(
 ) -> Arm:
     """An arm of ``kind``: the registry's defaults, then the global ``options`` (keyed as
     :data:`OPTIONS`), then ``settings``; not validated.
-
-    Example:
-        >>> make_arm("baseline", "baseline[budget=0.5]", budget=0.5).budget
-        0.5
     """
     method = REGISTRY[kind]
     values = method.defaults()
@@ -309,10 +288,6 @@ def option_setting(option: str) -> tuple[str, list[str], Any]:
 def parse_budgets(text: str, option: str = "--budgets") -> list[float]:
     """``--budgets`` (shares of the full run's steps) or ``--batch-budgets`` (of its batch size):
     comma-separated, or ``none``; sorted.
-
-    Example:
-        >>> parse_budgets("1,0.5,0.7"), parse_budgets("none"), parse_budgets("0.7,0.5", "--batch-budgets")
-        ([0.5, 0.7, 1.0], [], [0.5, 0.7])
     """
     if text.strip().lower() in ("none", ""):
         return []
@@ -335,10 +310,6 @@ def parse_budgets(text: str, option: str = "--budgets") -> list[float]:
 def with_budgets(arms: list[Arm], budgets: Sequence[float], batch_budgets: Sequence[float] = ()) -> list[Arm]:
     """``arms`` with a baseline arm for every step and batch budget not already among them: the full
     baseline, the step budgets (ascending), the batch budgets (ascending), then the other arms.
-
-    Example:
-        >>> [a.label for a in with_budgets(parse_methods("infobatch,baseline"), [0.5, 1.0], [0.7])]
-        ['baseline', 'baseline[budget=0.5]', 'baseline[batch=0.7]', 'infobatch']
     """
     have = {(a.budget, a.batch) for a in arms if a.kind == "baseline"}
     grid = [("budget", b) for b in budgets] + [("batch", b) for b in batch_budgets]

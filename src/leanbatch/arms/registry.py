@@ -54,11 +54,6 @@ class SelectorContext(NamedTuple):
     memory of losses), how to make a proxy model of a given width with its optimizer (``sb-proxy``),
     and the irreducible losses of a ``rho-loss`` arm; the task provides the last two
     (:meth:`~leanbatch.engine.Run.select`); ``loss_fn``: Selective Backprop's (a framework's select()).
-
-    Example:
-        >>> ctx = SelectorContext(seed=0, num_samples=100)
-        >>> REGISTRY["obs"].selector(REGISTRY["obs"].defaults(), ctx).keep
-        0.5
     """
 
     seed: int

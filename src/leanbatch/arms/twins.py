@@ -36,14 +36,7 @@ __all__ = ["pair_twins", "twin_arm", "with_controls"]
 
 
 def twin_arm(arm: Arm) -> Arm | None:
-    """The uniform twin of ``arm``; None when its kind has none or the arm is its own twin.
-
-    Example:
-        >>> from leanbatch.arms.methods import parse_methods
-        >>> twin = twin_arm(parse_methods("sb[keep=0.7]")[0])
-        >>> twin.label, twin.kind, twin.settings["keep"], twin.probe_selector().rule
-        ('sb[keep=0.7]~uniform', 'uniform', 0.7, 'uniform')
-    """
+    """The uniform twin of ``arm``; None when its kind has none or the arm is its own twin."""
     spec = arm.method.twin
     if spec is None:
         return None
@@ -58,11 +51,6 @@ def twin_arm(arm: Arm) -> Arm | None:
 def with_controls(arms: Sequence[Arm]) -> list[Arm]:
     """``arms`` with each one's uniform twin right after it (or an equal arm already there), every
     method naming its twin's label in ``control``; :class:`ArmError` when no arm has a twin.
-
-    Example:
-        >>> from leanbatch.arms.methods import parse_methods
-        >>> [a.label for a in with_controls(parse_methods("infobatch,random,sb"))]
-        ['infobatch', 'random', 'sb', 'sb~uniform']
     """
     out = list(arms)
     for arm in arms:

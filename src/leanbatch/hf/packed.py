@@ -62,13 +62,6 @@ def is_packed(batch: Mapping[str, Any]) -> bool:
 
     The packing collators return ``position_ids`` in place of an ``attention_mask``, or the
     flash-attention boundaries ``cu_seq_lens_q``; a padded batch has an attention mask.
-
-    Example:
-        >>> import torch
-        >>> is_packed({"input_ids": torch.ones(1, 4), "position_ids": torch.tensor([[0, 1, 0, 1]])})
-        True
-        >>> is_packed({"input_ids": torch.ones(2, 4), "attention_mask": torch.ones(2, 4)})
-        False
     """
     return "cu_seq_lens_q" in batch or ("position_ids" in batch and "attention_mask" not in batch)
 
@@ -76,10 +69,6 @@ def is_packed(batch: Mapping[str, Any]) -> bool:
 def sequences_per_item(items: Sequence[Any]) -> Tensor:
     """The packed sequences each item makes: 0 for empty ``input_ids``, ``len(seq_lengths)`` for a
     TRL BFD row, else 1 (int64, CPU).
-
-    Example:
-        >>> sequences_per_item([{"input_ids": [1]}, {"input_ids": []}, {"input_ids": [1, 2], "seq_lengths": [1, 1]}])
-        tensor([1, 0, 2])
     """
     counts = []
     for item in items:
@@ -99,16 +88,6 @@ def packing_of(batch: Mapping[str, Any], sequences: Tensor) -> Packing | None:
 
     A batch with fewer or more rows than samples and nothing that tells its sequences apart
     (no ``position_ids``, no ``cu_seq_lens_q``) is refused, naming the fix.
-
-    Example:
-        >>> import torch
-        >>> packing_of({"labels": torch.zeros(2, 6, dtype=torch.long)}, torch.tensor([1, 1])) is None
-        True
-        >>> try:
-        ...     packing_of({"labels": torch.zeros(1, 6, dtype=torch.long)}, torch.tensor([1, 1]))
-        ... except ValueError as e:
-        ...     print(str(e).split(":")[0])
-        the collator packed 2 samples into 1 row(s) without position_ids or cu_seq_lens_q
     """
     if is_packed(batch):
         return Packing(batch.get("position_ids"), batch.get("cu_seq_lens_q"), sequences)
@@ -131,14 +110,6 @@ def packed_losses(
     ``tok`` are the token losses of :func:`~leanbatch.losses.token_losses` (0 where ignored).
     With ``shift`` (causal LMs), every packed sequence must start with an ignored label, as the
     packing collators make it (:func:`~leanbatch.packing.check_packed_labels`).
-
-    Example:
-        >>> import torch
-        >>> tok = torch.tensor([[1.0, 3.0, 0.0, 2.0, 0.0]])
-        >>> packing = Packing(torch.tensor([[0, 1, 2, 0, 1]]), None, torch.tensor([1, 1]))
-        >>> ids, losses, counted = packed_losses(tok, torch.tensor([[-100, 4, 5, -100, 6]]), packing, True)
-        >>> ids.tolist(), losses.tolist(), counted.tolist()
-        ([[0, 0, 0, 1, 1]], [2.0, 2.0], [2, 1])
     """
     labels = labels.to(tok.device)
     n, total = len(packing.sequences), int(packing.sequences.sum())
@@ -170,11 +141,5 @@ def packed_losses(
 
 
 def token_weights(weights: Tensor, ids: Tensor) -> Tensor:
-    """Each token's weight: its sample's (``weights``, ``(n,)``), 0 for padding (id ``n``).
-
-    Example:
-        >>> import torch
-        >>> token_weights(torch.tensor([2.0, 1.0]), torch.tensor([[0, 0, 1, 2]])).tolist()
-        [[2.0, 2.0, 1.0, 0.0]]
-    """
+    """Each token's weight: its sample's (``weights``, ``(n,)``), 0 for padding (id ``n``)."""
     return torch.cat([weights, weights.new_zeros(1)])[ids]

@@ -2,7 +2,4 @@
 
 Your own task is a function ``train(run) -> metric`` (see :mod:`leanbatch.engine.running.run`), given to
 ``leanbatch bench --task path/to/file.py:train``.
-
-Example:
-    >>> import leanbatch.tasks
 """

@@ -1,8 +1,4 @@
-"""What is the same for every arm of the image task: :class:`TrainConfig`, and the model it builds.
-
->>> TrainConfig(epochs=2, batch_size=32).as_dict()["batch_size"]
-32
-"""
+"""What is the same for every arm of the image task: :class:`TrainConfig`, and the model it builds."""
 
 from __future__ import annotations
 
@@ -94,12 +90,7 @@ class TrainConfig:
         return tuple(max(4, round(w * scale)) for w in widths)
 
     def optimizer(self, model: nn.Module) -> torch.optim.SGD:
-        """The run's optimiser for ``model``: SGD at ``lr`` with the momentum, Nesterov and weight decay.
-
-        Example:
-            >>> TrainConfig(lr=0.05).optimizer(nn.Linear(2, 2)).param_groups[0]["lr"]
-            0.05
-        """
+        """The run's optimiser for ``model``: SGD at ``lr`` with the momentum, Nesterov and weight decay."""
         return torch.optim.SGD(
             model.parameters(),
             lr=self.lr,

@@ -135,16 +135,6 @@ def check_image_size(data: DataSplit, augment: bool, scales: Iterable[float] = (
     0.5, selection by each method's ``sb_scale``), and a side must keep at least one pixel; the
     random crop pads each side by :data:`CROP_PADDING` pixels with reflection, which needs more
     pixels than that.
-
-    Example:
-        >>> tiny = DataSplit("t", torch.zeros(2, 3, 3, 3), torch.zeros(2), torch.zeros(1, 3, 3, 3), torch.zeros(1), 2, "")
-        >>> for augment, scales in ((True, ()), (False, [0.25]), (False, [0.5])):
-        ...     try:
-        ...         check_image_size(tiny, augment, scales)
-        ...     except DataError as e:
-        ...         print(str(e).split(":")[0])
-        images are 3x3 but the bench needs at least 5x5
-        images are 3x3 but the bench needs at least 4x4
     """
     side, why = 1, ""
     for s in (0.5, *scales):

@@ -21,11 +21,6 @@ comparison charges them) and counts the samples forwarded and backpropagated, wi
 IL sample pass's FLOPs as a share of the main model's (counted by
 :class:`torch.utils.flop_counter.FlopCounterMode` on the meta device), so the work fraction
 charges them too.
-
-Example:
-    >>> import torch
-    >>> holdout_split(torch.tensor([0, 0, 0, 0, 1, 1, 1, 1, 1, 1]), 0.5, seed=0).numel()
-    5
 """
 
 from __future__ import annotations

@@ -174,14 +174,6 @@ def check_batches(data: DataSplit, arms: list[Arm], cfg: TrainConfig) -> bool:
     small: a :class:`~leanbatch.tasks.images.data.DataError` naming the option and the fix. Returns
     whether a full epoch's last batch of one is left out (with BatchNorm in the model, which cannot
     normalise a single sample), said on the terminal.
-
-    Example:
-        >>> from types import SimpleNamespace as Fake
-        >>> try:
-        ...     check_batches(Fake(num_train=10), [], Fake(batch_size=64))
-        ... except DataError as e:
-        ...     print(e)
-        --batch-size 64 is larger than the training set (10 samples)
     """
     bs = cfg.batch_size
     if bs > data.num_train:
