@@ -40,8 +40,8 @@ class Rows:
     Example:
         >>> import torch
         >>> rows = Rows(torch.tensor([7, 3, 5]), torch.tensor([True, False, True]))
-        >>> len(rows), rows.all_labelled, rows
-        (3, False, Rows([7, 3, 5]))
+        >>> len(rows), rows
+        (3, Rows([7, 3, 5]))
     """
 
     indices: Tensor
@@ -51,11 +51,6 @@ class Rows:
 
     def __len__(self) -> int:
         return int(self.indices.shape[0])
-
-    @property
-    def all_labelled(self) -> bool:
-        """Whether every row has a labelled token (the usual case; read on the CPU)."""
-        return bool(self.labelled.all())
 
     def __repr__(self) -> str:
         return f"Rows({self.indices.tolist()})"
