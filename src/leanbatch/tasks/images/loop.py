@@ -14,13 +14,7 @@ __all__ = ["augment", "evaluate", "warm_up"]
 
 
 def augment(x: Tensor, generator: torch.Generator) -> Tensor:
-    """Random crop (pad 4, reflect) and horizontal flip, per sample, on the batch's device.
-
-    Example:
-        >>> import torch
-        >>> augment(torch.zeros(4, 3, 8, 8), torch.Generator().manual_seed(0)).shape
-        torch.Size([4, 3, 8, 8])
-    """
+    """Random crop (pad 4, reflect) and horizontal flip, per sample, on the batch's device."""
     b, _, h, w = x.shape
     pad = CROP_PADDING
     flip = torch.rand(b, generator=generator) < 0.5
