@@ -42,16 +42,22 @@ CARRIED_ROW_BYTES = 4 * _COLS  # what one carried row adds to the all-reduce, pe
 
 
 class _Parcel:
-    """One step's rows, encoded for the all-reduce (or kept for the all-gather) that sends them."""
+    """One step's rows, encoded for the all-reduce (or kept for the all-gather) that sends them: the
+    slab is ``(rows, 5)`` float32 on ``device``, flattened, each row an index's four 16-bit words
+    (read in place as int16, each exact in float32), then the loss."""
 
-    def __init__(self, indices: Tensor, losses: Tensor, slab: Tensor):
-        self.indices, self.losses, self.slab = indices, losses, slab
+    def __init__(self, indices: Tensor, losses: Tensor, device: torch.device):
+        self.indices, self.losses = indices, losses
+        words = to_comm(indices, device).long().contiguous().view(torch.int16).view(-1, 4)
+        loss = losses.to(device, torch.float32, non_blocking=True).view(-1, 1)
+        self.slab = torch.cat([words.to(torch.float32), loss], 1).view(-1)
         self.block: Tensor | None = None  # every rank's slab, (world, rows * 5), once arrived
         self.fallback: Callable[[], tuple[Tensor, Tensor]] | None = None
 
     def result(self) -> tuple[Tensor, Tensor]:
-        if self.block is not None:
-            return _decode(self.block)
+        if self.block is not None:  # every rank's rows (rank order): int64 indices, float32 losses
+            rows = self.block.reshape(-1, _COLS)
+            return rows[:, :4].to(torch.int16).view(torch.int64).view(-1), rows[:, 4]
         if self.fallback is not None:
             return self.fallback()
         raise RuntimeError(
@@ -130,7 +136,7 @@ class ScoreCarrier:
         model = self._model()
         if model is None or not model.require_backward_grad_sync:  # no all-reduce coming
             return self._gather(indices, losses)
-        parcel = _Parcel(indices, losses, _encode(indices, losses, self._device))
+        parcel = _Parcel(indices, losses, self._device)
         self._outbox.append(parcel)
         return parcel.result
 
@@ -171,21 +177,6 @@ class ScoreCarrier:
             return buf
 
         return dist.all_reduce(full, group=self.group, async_op=True).get_future().then(arrived)
-
-
-def _encode(indices: Tensor, losses: Tensor, device: torch.device) -> Tensor:
-    """Rows as ``(rows, 5)`` float32 on ``device``, flattened: an index's four 16-bit words (read in
-    place as int16, each exact in float32), then the loss."""
-    words = to_comm(indices, device).long().contiguous().view(torch.int16).view(-1, 4)
-    loss = losses.to(device, torch.float32, non_blocking=True).view(-1, 1)
-    return torch.cat([words.to(torch.float32), loss], 1).view(-1)
-
-
-def _decode(block: Tensor) -> tuple[Tensor, Tensor]:
-    """Every rank's rows (rank order) from the summed ``(world, rows * 5)`` block: int64 indices,
-    float32 losses."""
-    rows = block.reshape(-1, _COLS)
-    return rows[:, :4].to(torch.int16).view(torch.int64).view(-1), rows[:, 4]
 
 
 def carry_if_ddp(ds: Any, model: Any) -> ScoreCarrier | None:

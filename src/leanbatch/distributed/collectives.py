@@ -41,12 +41,7 @@ STEP_ROW_BYTES = 16  # what one row of gather_step sends: an index and a loss, e
 
 
 def comm_device(group: Any = None) -> torch.device:
-    """Where ``group``'s collectives run: the current CUDA device for NCCL, else the CPU.
-
-    Example:
-        >>> comm_device()  # no process group: the CPU
-        device(type='cpu')
-    """
+    """Where ``group``'s collectives run: the current CUDA device for NCCL, else the CPU."""
     if initialized() and dist.get_backend(group) == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
@@ -55,11 +50,6 @@ def comm_device(group: Any = None) -> torch.device:
 def to_comm(t: Tensor, device: torch.device) -> Tensor:
     """``t`` on the collectives' ``device``: to the CPU from a device, a blocking copy (gloo reads it
     on another thread); to CUDA, queued on the stream.
-
-    Example:
-        >>> import torch
-        >>> to_comm(torch.ones(2), torch.device("cpu")).device.type
-        'cpu'
     """
     return t.to(device, non_blocking=device.type != "cpu")
 
@@ -110,11 +100,6 @@ def mean_of_writers(
     Each rank adds its value divided by the number of writers, so the sum is their mean and cannot
     overflow float32, however large the values. Without a process group of several processes,
     the rows written keep their values: the mean of one writer.
-
-    Example:
-        >>> import torch
-        >>> mean_of_writers(torch.tensor([1.0, 2.0]), torch.tensor([True, False]))[0].tolist()
-        [1.0, 2.0]
     """
     dev, shared = comm_device(group), is_distributed(group)
     mine = written.to(dev)
@@ -139,11 +124,6 @@ class DistComm(Comm):
 
     The :class:`~leanbatch.policies.parts.Comm` a sharded plan combines its slices with; results
     come back on the CPU (planning runs on the host).
-
-    Example:
-        >>> import torch
-        >>> DistComm().sum(torch.tensor([2])).tolist()   # no process group: one rank
-        [2]
     """
 
     def __init__(self, group: Any = None):

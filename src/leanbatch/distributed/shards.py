@@ -43,12 +43,7 @@ __all__ = ["ShardedPlan", "ShardedScores", "as_shard", "shard_of"]
 
 
 def shard_of(num_samples: int, num_replicas: int | None, rank: int | None, group: Any) -> tuple[int, int]:
-    """``(world, rank)`` of a sharded score table, known when it is built (``shard_scores=True``).
-
-    Example:
-        >>> shard_of(10, 2, 1, None)
-        (2, 1)
-    """
+    """``(world, rank)`` of a sharded score table, known when it is built (``shard_scores=True``)."""
     if num_replicas is None and not initialized():
         raise ValueError(
             "shard_scores=True builds each rank's slice of the scores when the wrapper is built: call "
@@ -288,11 +283,6 @@ class ShardedPlan(Plan):
 def as_shard(plan: Plan, rank: int, counts: tuple[int, ...], drop_last: bool) -> ShardedPlan:
     """``plan`` as rank ``rank``'s part, given every rank's kept count: each rank serves the largest
     (the smallest with ``drop_last``).
-
-    Example:
-        >>> import torch
-        >>> as_shard(Plan(0, 5, torch.tensor([1, 3]), None, None, True), 1, (3, 2), False).length
-        3
     """
     own = {f.name: getattr(plan, f.name) for f in fields(Plan) if f.name != "_on_device"}
     length = min(counts) if drop_last else max(counts)

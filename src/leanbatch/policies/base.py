@@ -129,11 +129,6 @@ def plan_from_keep(
 
     The kept indices are sorted global indices (of the local rows of ``sl``, default all), int32
     when they fit, built chunk by chunk.
-
-    Example:
-        >>> import torch
-        >>> plan_from_keep(0, torch.tensor([False, True, True])).kept.tolist()
-        [1, 2]
     """
     sl = Slice(keep.numel()) if sl is None else sl
     dtype = torch.int32 if sl.num_samples < 2**31 else torch.int64

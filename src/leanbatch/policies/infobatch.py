@@ -187,12 +187,7 @@ class RandomPolicy(_Rescaled):
 
 
 def make_policy(policy: str | Policy, prune_ratio: float, num_epochs: int, delta: float) -> Policy:
-    """The policy object for ``InfoBatch(policy=...)``; a policy object must agree on ``num_epochs``.
-
-    Example:
-        >>> type(make_policy("random", 0.5, 3, 0.875)).__name__
-        'RandomPolicy'
-    """
+    """The policy object for ``InfoBatch(policy=...)``; a policy object must agree on ``num_epochs``."""
     kinds: dict[str, type[InfoBatchPolicy] | type[RandomPolicy]] = {
         "infobatch": InfoBatchPolicy,
         "random": RandomPolicy,

@@ -50,10 +50,6 @@ class Comm:
 
     This base is one process holding everything (:data:`LOCAL`): every collective returns its
     input. :class:`~leanbatch.distributed.collectives.DistComm` runs them over ``torch.distributed``.
-
-    Example:
-        >>> LOCAL.gather(torch.tensor([3])).tolist()
-        [[3]]
     """
 
     def sum(self, t: Tensor) -> Tensor:
@@ -152,25 +148,14 @@ class Part(NamedTuple):
 
 
 def split_part(scores: Tensor | Part) -> tuple[Tensor, Slice]:
-    """``(scores, slice)``: a :class:`Part`'s own, or every row's (one process) for a tensor.
-
-    Example:
-        >>> values, sl = split_part(torch.zeros(3))
-        >>> sl.size, sl.whole
-        (3, True)
-    """
+    """``(scores, slice)``: a :class:`Part`'s own, or every row's (one process) for a tensor."""
     if isinstance(scores, Part):
         return scores.values, scores.slice
     return scores, Slice(scores.numel())
 
 
 def global_count(local: int | Tensor, sl: Slice) -> int:
-    """The sum over the ranks of an integer count (one collective unless the slice is whole).
-
-    Example:
-        >>> global_count(3, Slice(5))
-        3
-    """
+    """The sum over the ranks of an integer count (one collective unless the slice is whole)."""
     if sl.whole:
         return int(local)
     return int(sl.comm.sum(torch.tensor([int(local)], dtype=torch.int64))[0])

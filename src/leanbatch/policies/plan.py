@@ -155,10 +155,6 @@ class Plan:
 def plan_fields(state: Any, n: int, name: str, rows: int, owner: tuple[int, int] | None) -> dict[str, Any]:
     """The validated fields of a saved plan over ``n`` samples whose weights have ``rows`` rows;
     ``owner``: ``(world, rank)`` when the kept list holds one rank's indices (it may be empty).
-
-    Example:
-        >>> plan_fields(full_plan(1, 4).state_dict(), 4, "plan", 4, None)["epoch"]
-        1
     """
     if not isinstance(state, dict):
         raise ValueError(f"{name} must be a dict saved by Plan.state_dict(), got {type(state).__name__}")

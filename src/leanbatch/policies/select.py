@@ -51,12 +51,7 @@ def score_keys(scores: Tensor, sl: Slice) -> Tensor:
 
 
 def uniform_keys(key: int, sl: Slice, tag: int = 0) -> Tensor:
-    """Keys in a keyed uniform random order (ties, of probability 2**-32, by index).
-
-    Example:
-        >>> torch.equal(uniform_keys(3, Slice(8, 2, 0)), uniform_keys(3, Slice(8))[0::2])
-        True
-    """
+    """Keys in a keyed uniform random order (ties, of probability 2**-32, by index)."""
     return _with_index(keyed_values(key, sl, tag), sl)
 
 
@@ -85,13 +80,7 @@ def kth_largest(keys: Tensor, k: int, sl: Slice, among: Tensor | None = None) ->
 
 
 def top_mask(keys: Tensor, k: int, sl: Slice, among: Tensor | None = None) -> Tensor:
-    """Bool mask of the local keys among the ``k`` largest of every rank (``among``: those that count).
-
-    Example:
-        >>> import torch
-        >>> top_mask(torch.tensor([5, 9, 7, 1]), 2, Slice(4)).tolist()
-        [False, True, True, False]
-    """
+    """Bool mask of the local keys among the ``k`` largest of every rank (``among``: those that count)."""
     if k <= 0:
         return torch.zeros(keys.shape, dtype=torch.bool)
     mask = keys >= kth_largest(keys, k, sl, among)

@@ -32,13 +32,7 @@ def is_batch(batch: Any) -> bool:
 
 
 def map_leaves(batch: Any, fn: Callable[[Tensor], Any]) -> Any:
-    """Apply ``fn`` to every tensor leaf of ``batch``; non-tensor leaves pass through.
-
-    Example:
-        >>> import torch
-        >>> map_leaves({"x": torch.ones(2), "tag": "a"}, lambda t: t * 2)["x"].tolist()
-        [2.0, 2.0]
-    """
+    """Apply ``fn`` to every tensor leaf of ``batch``; non-tensor leaves pass through."""
     return _zip_leaves([batch], lambda leaves: fn(leaves[0]))
 
 
@@ -116,13 +110,7 @@ def index_batch(batch: Any, positions: Tensor, n: int) -> Any:
 
 
 def slice_batch(batch: Any, start: int, stop: int, n: int) -> Any:
-    """Rows ``start:stop`` of every per-example tensor (views, no copy).
-
-    Example:
-        >>> import torch
-        >>> slice_batch((torch.arange(4), torch.arange(7)), 1, 3, 4)[0].tolist()
-        [1, 2]
-    """
+    """Rows ``start:stop`` of every per-example tensor (views, no copy)."""
     return map_leaves(batch, lambda t: t[start:stop] if _per_example(t, n) else t)
 
 
@@ -130,14 +118,6 @@ def concat_batches(batches: Sequence[Any], sizes: Sequence[int]) -> Any:
     """Concatenate structurally identical batches of ``sizes`` rows along their per-example tensors.
 
     Non-per-example leaves are taken from the first batch.
-
-    Example:
-        >>> import torch
-        >>> a = (torch.zeros(2, 3), torch.tensor([0, 1]))
-        >>> b = (torch.ones(1, 3), torch.tensor([2]))
-        >>> x, y = concat_batches([a, b], [2, 1])
-        >>> x.shape, y.tolist()
-        (torch.Size([3, 3]), [0, 1, 2])
     """
     if len(batches) != len(sizes) or not batches:
         raise ValueError("concat_batches needs one size per batch and at least one batch")
@@ -150,18 +130,6 @@ class BatchAccumulator:
     """Collect partial batches; hand out batches of exactly ``batch_size`` rows.
 
     Counts are host-side integers, so it adds no device read of its own.
-
-    Example:
-        >>> import torch
-        >>> acc = BatchAccumulator(4)
-        >>> acc.add((torch.arange(3), torch.zeros(3)), 3)
-        >>> acc.pop() is None
-        True
-        >>> acc.add((torch.arange(3, 6), torch.ones(3)), 3)
-        >>> x, _ = acc.pop(); x.tolist()
-        [0, 1, 2, 3]
-        >>> x, _ = acc.flush(); x.tolist()
-        [4, 5]
     """
 
     def __init__(self, batch_size: int):

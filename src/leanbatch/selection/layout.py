@@ -47,17 +47,7 @@ class Selection(NamedTuple):
 
 
 def split_batch(batch: Any, input_key: Key | Sequence[str] | None, target_key: Key | None) -> tuple[Any, Any]:
-    """``(model inputs, target)`` of ``batch``; a clear error naming the key when one is missing.
-
-    Example:
-        >>> import torch
-        >>> batch = {"input_ids": torch.zeros(2, 3), "attention_mask": torch.ones(2, 3), "labels": torch.ones(2)}
-        >>> inputs, target = split_batch(batch, None, None)
-        >>> sorted(inputs), target.tolist()
-        (['attention_mask', 'input_ids'], [1.0, 1.0])
-        >>> split_batch((torch.zeros(2, 3), torch.ones(2)), None, None)[1].tolist()
-        [1.0, 1.0]
-    """
+    """``(model inputs, target)`` of ``batch``; a clear error naming the key when one is missing."""
     if isinstance(batch, Tensor):
         return batch, batch
     if isinstance(batch, Mapping):
@@ -85,13 +75,7 @@ def split_batch(batch: Any, input_key: Key | Sequence[str] | None, target_key: K
 
 
 def batch_size(inputs: Any, target: Any) -> int:
-    """Examples in a batch: the first dimension of the input's first tensor, checked against the target.
-
-    Example:
-        >>> import torch
-        >>> batch_size(torch.zeros(4, 3), torch.zeros(4))
-        4
-    """
+    """Examples in a batch: the first dimension of the input's first tensor, checked against the target."""
     lead = first_tensor(inputs)
     if lead is None:
         raise ValueError("the model input holds no tensor with a batch dimension")
@@ -106,12 +90,7 @@ def batch_size(inputs: Any, target: Any) -> int:
 
 
 def check_keys(input_key: Any, target_key: Any) -> Keys:
-    """``(input_key, target_key)`` if they can address a batch; ``TypeError`` naming the key otherwise.
-
-    Example:
-        >>> check_keys("x", "y")
-        ('x', 'y')
-    """
+    """``(input_key, target_key)`` if they can address a batch; ``TypeError`` naming the key otherwise."""
     if input_key is not None and not isinstance(input_key, (int, str, list, tuple)):
         raise TypeError(f"input_key must be an int, a str or a list of str, got {input_key!r}")
     if target_key is not None and not isinstance(target_key, (int, str)):
@@ -122,11 +101,6 @@ def check_keys(input_key: Any, target_key: Any) -> Keys:
 class Rows(NamedTuple):
     """One batch as a selector reads it: its model inputs and target, the number of examples, the
     device of the inputs, and the dataset indices and epoch passed with it.
-
-    Example:
-        >>> import torch
-        >>> read_rows((torch.zeros(3, 2), torch.ones(3)), (None, None)).n
-        3
     """
 
     inputs: Any

@@ -44,12 +44,7 @@ def seed_selection(seed: int, *, rank: int | None = None) -> None:
 
 
 def resolve_generator(generator: Any, device: torch.device | str) -> torch.Generator:
-    """``generator`` (checked to live on ``device``), or the module's stream for ``device``.
-
-    Example:
-        >>> resolve_generator(None, "cpu").device.type
-        'cpu'
-    """
+    """``generator`` (checked to live on ``device``), or the module's stream for ``device``."""
     if generator is None:
         return _DEFAULT.stream(device)
     if not isinstance(generator, torch.Generator):
@@ -66,10 +61,6 @@ def resolve_generator(generator: Any, device: torch.device | str) -> torch.Gener
 def num_selected(n: int, keep: float) -> int:
     """How many of ``n`` examples a fixed-count rule keeps: ``max(1, int(keep * n))`` (Composer:
     ``int(keep * n)``, which keeps nothing from a small batch).
-
-    Example:
-        >>> num_selected(128, 0.5), num_selected(1, 0.5), num_selected(3, 0.3)
-        (64, 1, 1)
     """
     return _count(_rows(n), check_fraction(keep, "keep"))
 
@@ -137,11 +128,6 @@ def select_by_loss_rank(
 class Draw(NamedTuple):
     """What a rule may use besides the scores: batch size, device, the draw's generator (``None``
     for a rule that does not draw), progress, and whether a varying count must keep one row.
-
-    Example:
-        >>> import torch
-        >>> Draw(8, torch.device("cpu")).progress
-        0.0
     """
 
     n: int

@@ -29,10 +29,6 @@ _PROGRESS = (
 def check_progress(progress: Any) -> float:
     """``progress`` if it is a Python number in [0, 1] (read without a device sync), else an error
     naming it.
-
-    Example:
-        >>> check_progress(0.25)
-        0.25
     """
     if isinstance(progress, bool) or not isinstance(progress, (int, float)):
         raise TypeError(f"progress must be a Python float (the fraction of training done), got {progress!r}")
@@ -86,12 +82,6 @@ class Window:
 class Scheduled:
     """The window and the seed of a selector that has a :class:`Window` (``schedule``) and
     private :class:`~leanbatch.rng.Generators` (``generators``).
-
-    Example:
-        >>> from leanbatch import TokenSelection
-        >>> ts = TokenSelection(start=0.2, end=0.8, seed=3)
-        >>> ts.start, ts.end, ts.seed
-        (0.2, 0.8, 3)
     """
 
     schedule: Window

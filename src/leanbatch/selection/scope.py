@@ -59,13 +59,7 @@ _ALL_GATHER: Callable[..., Any] = getattr(dist, "all_gather_single", None) or di
 
 
 def gather(tensor: Tensor, group: Any = None) -> Tensor:
-    """``tensor`` of every rank of ``group``, concatenated along dim 0 in rank order (equal shapes).
-
-    Example:
-        >>> import torch
-        >>> gather(torch.arange(3)).tolist()  # without a process group: the tensor itself
-        [0, 1, 2]
-    """
+    """``tensor`` of every rank of ``group``, concatenated along dim 0 in rank order (equal shapes)."""
     if not is_distributed(group):
         return tensor
     w = world_size(group)
@@ -152,11 +146,6 @@ class Scope:
         """The loss to backpropagate from the per-row losses of the rows last returned: their mean;
         after a global choice ``losses.sum() * W / K`` (``K`` rows chosen over the ``W`` ranks; 0
         for a rank's filler row), whose average over the ranks (DDP's) is the chosen rows' mean.
-
-        Example:
-            >>> import torch
-            >>> float(Scope().step_loss(torch.tensor([1.0, 2.0, 6.0])))
-            3.0
         """
         losses = check_per_sample_loss(losses, "losses")
         if self._loss_scale is None:

@@ -48,11 +48,6 @@ def as_per_example_loss(loss_fn: Any, name: str = "loss_fn") -> PerExampleLoss:
     Accepts Composer's form ``loss_fn(output, target, reduction="none")`` (e.g. ``F.cross_entropy``)
     or a loss module such as ``nn.CrossEntropyLoss()`` (copied with ``reduction="none"``); a
     ``TypeError`` naming ``name`` when the function cannot take ``reduction``.
-
-    Example:
-        >>> import torch, torch.nn.functional as F
-        >>> as_per_example_loss(F.cross_entropy)(torch.zeros(3, 4), torch.tensor([0, 1, 2])).shape
-        torch.Size([3])
     """
     if isinstance(loss_fn, nn.modules.loss._Loss):
         module = copy.copy(loss_fn)  # shallow: shares weights/buffers, owns its reduction
@@ -102,15 +97,6 @@ def check_model(model: Any, loss_fn: Any, loss_name: str = "loss_fn", custom_for
     A plain callable ``model`` (``lambda X: hf_model(**X)``) and a loss module with parameters
     whose forward takes ``reduction=`` are accepted. ``custom_forward``: a ``forward_fn`` calls
     the model, so ``model`` may be anything it takes (even ``None``).
-
-    Example:
-        >>> import torch, torch.nn.functional as F
-        >>> check_model(torch.nn.Linear(2, 2), F.cross_entropy)
-        >>> try:
-        ...     check_model(F.cross_entropy, torch.nn.Linear(2, 2))
-        ... except TypeError as e:
-        ...     print(str(e).split(":")[0])
-        model and loss_fn look swapped
     """
 
     def what(fn: Any) -> str:
@@ -142,11 +128,6 @@ def check_model(model: Any, loss_fn: Any, loss_name: str = "loss_fn", custom_for
 def rankable_losses(losses: Tensor, name: str) -> Tensor:
     """``losses`` as floats to rank: integer losses become float32 (Composer's tests rank
     ``torch.ones_like(target)``), float ones pass unchanged; bool and complex are refused.
-
-    Example:
-        >>> import torch
-        >>> rankable_losses(torch.tensor([3, 1]), "loss_fn")
-        tensor([3., 1.])
     """
     if losses.dtype == torch.bool or losses.is_complex():
         raise TypeError(
@@ -157,13 +138,7 @@ def rankable_losses(losses: Tensor, name: str) -> Tensor:
 
 
 def check_losses(losses: Any, n: int, name: str = "loss_fn") -> Tensor:
-    """Raise unless ``losses`` is a real tensor of shape ``(n,)``; return it as float32.
-
-    Example:
-        >>> import torch
-        >>> check_losses(torch.tensor([3, 1, 2]), 3)
-        tensor([3., 1., 2.])
-    """
+    """Raise unless ``losses`` is a real tensor of shape ``(n,)``; return it as float32."""
     if not isinstance(losses, Tensor):
         raise TypeError(f"{name} must return a tensor of per-example losses, got {type(losses).__name__}")
     if tuple(losses.shape) != (n,):
@@ -181,16 +156,7 @@ def check_losses(losses: Any, n: int, name: str = "loss_fn") -> Tensor:
 
 @contextlib.contextmanager
 def preserved_training_state(model: Any, eval_mode: bool = False) -> Iterator[None]:
-    """Run a block without changing ``model``'s norm running statistics or train/eval flags.
-
-    Example:
-        >>> import torch
-        >>> bn = torch.nn.BatchNorm1d(3).train()
-        >>> with torch.no_grad(), preserved_training_state(bn):
-        ...     _ = bn(torch.randn(8, 3) + 5)
-        >>> bn.running_mean.tolist(), int(bn.num_batches_tracked), bn.training
-        ([0.0, 0.0, 0.0], 0, True)
-    """
+    """Run a block without changing ``model``'s norm running statistics or train/eval flags."""
     if not isinstance(model, nn.Module):
         if eval_mode:
             raise TypeError("eval_mode=True needs an nn.Module model (its mode is switched and restored)")
@@ -237,15 +203,6 @@ def check_downsample(inputs: Any, scale_factor: float) -> None:
 
     Below 1 there must be a float input, every float input must be 3-D to 5-D (integer inputs,
     token ids and masks, pass through), and each keeps at least one pixel per dimension.
-
-    Example:
-        >>> import torch
-        >>> check_downsample(torch.zeros(2, 1, 8, 8), 0.125)
-        >>> try:
-        ...     check_downsample(torch.zeros(2, 1, 8, 8), 0.1)
-        ... except ValueError as e:
-        ...     print(str(e).split(": ")[1])
-        the smallest usable scale_factor for it is 0.125 (1 / 8)
     """
     if scale_factor >= 1.0:
         return
@@ -303,15 +260,6 @@ def _float_shapes(inputs: Any) -> str:
 def scaled_forward(forward: Callable[[Any, Any], Any], model: Any, inputs: Any, scale_factor: float) -> Any:
     """``forward(model, downsample(inputs))``; an error of the model on a downsampled input is
     re-raised as a ``ValueError`` naming ``scale_factor``, the shapes before and after, and the fix.
-
-    Example:
-        >>> import torch
-        >>> mlp = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 2))  # needs 8x8 pixels
-        >>> try:
-        ...     scaled_forward(default_forward, mlp, torch.zeros(2, 1, 8, 8), 0.5)
-        ... except ValueError as e:
-        ...     print(str(e).split(":")[0])
-        the model failed on its selection input, downsampled by scale_factor=0.5 from (N, 1, 8, 8) to (N, 1, 4, 4)
     """
     small = downsample(inputs, scale_factor)
     try:
@@ -348,10 +296,5 @@ def model_output(out: Any) -> Any:
 
 
 def default_forward(model: Callable[..., Any], inputs: Any) -> Any:
-    """``model(**inputs)`` for a mapping of inputs, else ``model(inputs)``.
-
-    Example:
-        >>> default_forward(lambda a, b: a + b, {"a": 1, "b": 2}), default_forward(abs, -3)
-        (3, 3)
-    """
+    """``model(**inputs)`` for a mapping of inputs, else ``model(inputs)``."""
     return model(**inputs) if isinstance(inputs, Mapping) else model(inputs)

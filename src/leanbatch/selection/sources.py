@@ -251,11 +251,6 @@ class MemoryScores(Source):
 def check_row_indices(rows: Rows, why: str) -> Tensor:
     """The batch's dataset indices, a tensor of shape ``(rows.n,)``; ``ValueError`` saying ``why``
     they are needed when they are missing.
-
-    Example:
-        >>> from leanbatch.selection.layout import read_rows
-        >>> check_row_indices(read_rows(torch.zeros(3), None, torch.arange(3)), "memory").tolist()
-        [0, 1, 2]
     """
     indices, n = rows.indices, rows.n
     if indices is None:

@@ -123,16 +123,6 @@ def _connect(ray: Any, address: str | None) -> bool:
     return True
 
 
-def _by_value(task: Any) -> None:
-    """The task's own module travels with the trials (it may be a file only this machine has)."""
-    from ray import cloudpickle
-
-    module = sys.modules.get(getattr(task, "__module__", None) or type(task).__module__)
-    file = getattr(module, "__file__", None) or ""
-    if module is not None and module.__name__.split(".")[0] != "leanbatch" and "-packages" not in file:
-        cloudpickle.register_pickle_by_value(module)
-
-
 def _books(tune: Any, out: Outcome, on_run: Callable[[RunRecord], None], on_seed: Callable[[Outcome], None],
            retries: int) -> tuple[Any, Any]:  # fmt: skip
     """Tune's callback, which keeps the driver's books (each trial's outcome into ``out`` as it reports its
@@ -223,7 +213,13 @@ def run_on_ray(
 def _fit(tune: Any, study: Study, cluster: Cluster, out: Outcome, todo: list[dict[str, Any]],
          on_run: Callable[[RunRecord], None], on_seed: Callable[[Outcome], None]) -> None:  # fmt: skip
     """One Tune experiment: a trial per run in ``todo``, its outcomes into ``out``."""
-    _by_value(study.task)
+    from ray import cloudpickle
+
+    task = study.task  # its own module travels with the trials (it may be a file only this machine has)
+    module = sys.modules.get(getattr(task, "__module__", None) or type(task).__module__)
+    file = getattr(module, "__file__", None) or ""
+    if module is not None and module.__name__.split(".")[0] != "leanbatch" and "-packages" not in file:
+        cloudpickle.register_pickle_by_value(module)
     spec = Spec(study, cluster.workers, dict(cluster.resources), cluster.threads)
     keep, breach = _books(tune, out, on_run, on_seed, cluster.retries)
     storage = None if cluster.storage is None else str(Path(cluster.storage).resolve())

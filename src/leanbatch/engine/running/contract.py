@@ -87,11 +87,6 @@ def check_callable(task: Any, what: str) -> None:
 def task_identity(task: Any) -> dict[str, str | None]:
     """What tells one task from another in results.json: its module, its function (a callable
     object's class) and the SHA-256 of its source file (None where it has none).
-
-    Example:
-        >>> identity = task_identity(task_identity)
-        >>> identity["module"], identity["function"], len(identity["sha256"])
-        ('leanbatch.engine.running.contract', 'task_identity', 64)
     """
     obj = task if inspect.isfunction(task) or inspect.ismethod(task) else type(task)
     name = getattr(obj, "__module__", None) or ""

@@ -110,12 +110,7 @@ class Outcome:
 
 
 def error_line(e: BaseException) -> str:
-    """An arm's failure in one line: the contract's own message, or what the task raised.
-
-    Example:
-        >>> error_line(ZeroDivisionError("the user's bug"))
-        "the task raised ZeroDivisionError: the user's bug"
-    """
+    """An arm's failure in one line: the contract's own message, or what the task raised."""
     first = (str(e).strip().splitlines() or [""])[0]
     return (
         first if isinstance(e, (ContractError, TaskError)) else f"the task raised {type(e).__name__}: {first}"

@@ -61,11 +61,6 @@ def snapshot_epochs(policy: Any, epochs: int) -> set[int]:
 def served(data: Any, limited: bool) -> int:
     """Samples ``data`` (an arm's) served so far, this process's; a framework's budget arm, stopped
     inside an epoch (``limited``): what it trained.
-
-    Example:
-        >>> from leanbatch.engine.running.data import Budget
-        >>> served(None, False), served(CountedInfoBatch(list(range(4)), 1, budget=Budget()), False)
-        (0, 0)
     """
     if isinstance(data, CountedInfoBatch) and data.budget is not None:
         return sum(data.served.values())
