@@ -38,7 +38,7 @@ from torch import Tensor
 
 from leanbatch.checks import check_int, check_seed, require
 from leanbatch.permutation import mix_keys
-from leanbatch.policies.base import mean_score
+from leanbatch.policies.parts import Slice, global_mean
 
 __all__ = ["StreamPass"]
 
@@ -68,7 +68,7 @@ class StreamPass:
     @classmethod
     def freeze(cls, index: int, seed: int, keys: Tensor, scores: Tensor, prune_ratio: float) -> StreamPass:
         """Freeze ``scores`` (of ``keys``; NaN: never scored) for pass ``index``: InfoBatch's rule."""
-        threshold, _ = mean_score(scores)
+        threshold, _ = global_mean(scores, Slice(max(1, scores.numel())))
         if threshold is None:
             return cls.keep_all(index, seed)
         below = scores < threshold  # NaN compares False: never a candidate

@@ -26,13 +26,12 @@ from torch import Tensor
 
 from leanbatch.permutation import mix_seed
 from leanbatch.policies.keyed import keyed_below
-from leanbatch.policies.parts import Slice, global_count, global_mean
+from leanbatch.policies.parts import Slice, global_count
 from leanbatch.policies.plan import Plan
 
 __all__ = [
     "Policy",
     "keyed_drop",
-    "mean_score",
     "plan_from_keep",
     "pruning_epochs",
 ]
@@ -141,19 +140,3 @@ def plan_from_keep(
         kept[pos : pos + part.numel()] = part
         pos += part.numel()
     return Plan(epoch, sl.num_samples, kept, weights, threshold, True)
-
-
-def mean_score(scores: Tensor) -> tuple[float | None, int]:
-    """Mean of the scored entries and their count (scores hold finite losses or NaN).
-
-    Exact and order-free (see :func:`~leanbatch.policies.parts.global_mean`): never infinite,
-    even for losses near the float32 maximum, and the same on any split between ranks.
-
-    Example:
-        >>> import torch
-        >>> mean_score(torch.tensor([1.0, float("nan"), 3.0]))
-        (2.0, 2)
-        >>> mean_score(torch.tensor([3e38, 3e38, 1.0]))[0] < float("inf")
-        True
-    """
-    return global_mean(scores, Slice(max(1, scores.numel())))
