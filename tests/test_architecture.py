@@ -5,7 +5,7 @@ outgrows its size.
 Everything here reads the source with :mod:`ast` (nothing is imported), so the checks cost a few
 hundred milliseconds. The import graph counts every ``import`` and ``from ... import`` a module
 holds: at its top, inside functions (local imports), under ``if TYPE_CHECKING:``, and the string
-literal a call is given when it names a leanbatch module (``importlib.import_module("leanbatch.x")``).
+literal a call is given when it names a leanbatch module (``import_with_extra("leanbatch.x", ...)``).
 An edge goes to the module named (``from leanbatch.a import b``: to ``leanbatch.a.b`` when that is
 a module, else to ``leanbatch.a``, a package's ``__init__.py``); ``from leanbatch import X`` goes to
 the module that is ``X``'s home in ``leanbatch._HOME``, not to the whole package.

@@ -11,9 +11,9 @@ one line instead of a traceback.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from leanbatch.optional import lazy_getattr
+import importlib
+import importlib.util
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # what a type checker sees; at run time, _HOME (a test keeps the two equal)
     from leanbatch.infobatch import InfoBatch
@@ -73,8 +73,17 @@ __all__ = sorted(_HOME)
 __version__ = "0.1.0"
 
 
-# a public name (or a subpackage, e.g. ``leanbatch.selection``) imported on first use
-__getattr__ = lazy_getattr(globals(), _HOME)
+def __getattr__(name: str) -> Any:
+    """Import a public name (or a subpackage, e.g. ``leanbatch.selection``) on first use."""
+    home = _HOME.get(name)
+    if home is not None:
+        value = getattr(importlib.import_module(home), name)
+    elif not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        value = importlib.import_module(f"{__name__}.{name}")
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    globals()[name] = value
+    return value
 
 
 def __dir__() -> list[str]:

@@ -59,11 +59,11 @@ Example:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from leanbatch.hf.data import INDEX_KEY, IndexedDataset
 from leanbatch.hf.losses import sequence_scores, token_losses, weighted_loss
-from leanbatch.optional import lazy_getattr
+from leanbatch.optional import import_with_extra
 
 if TYPE_CHECKING:
     from leanbatch.hf.lean_trainer import LeanBatchTrainer, leanbatch_trainer
@@ -82,11 +82,21 @@ __all__ = [
     "weighted_loss",
 ]
 
-# the names that need transformers, and their modules: loaded on first use
+# the names that need transformers, and their modules
 _NEEDS_TRANSFORMERS = {
     "STATE_FILE": "leanbatch.hf.trainer",
     "LeanBatchTrainer": "leanbatch.hf.lean_trainer",
     "leanbatch_trainer": "leanbatch.hf.lean_trainer",
     "TokenSelectionTrainer": "leanbatch.hf.tokens",
 }
-__getattr__ = lazy_getattr(globals(), _NEEDS_TRANSFORMERS, "transformers", ("transformers", "accelerate"))
+
+
+def __getattr__(name: str) -> Any:
+    """Load the Trainer classes (and transformers with them) on first use."""
+    home = _NEEDS_TRANSFORMERS.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = import_with_extra(home, "transformers", ("transformers", "accelerate"))
+    value = getattr(module, name)
+    globals()[name] = value
+    return value

@@ -20,11 +20,11 @@ Example:
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from leanbatch.indexed import WithIndex
 from leanbatch.lightning.data import EpochSampler
-from leanbatch.optional import lazy_getattr
+from leanbatch.optional import import_with_extra
 
 if TYPE_CHECKING:
     from leanbatch.lightning.callback import LeanBatchCallback
@@ -32,6 +32,13 @@ if TYPE_CHECKING:
 __all__ = ["EpochSampler", "LeanBatchCallback", "WithIndex"]
 
 
-# LeanBatchCallback (and Lightning with it) loaded on first use
-_HOME = {"LeanBatchCallback": "leanbatch.lightning.callback"}
-__getattr__ = lazy_getattr(globals(), _HOME, "lightning", ("lightning", "pytorch_lightning"))
+def __getattr__(name: str) -> Any:
+    """Load :class:`LeanBatchCallback` (and Lightning with it) on first use."""
+    if name != "LeanBatchCallback":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = import_with_extra(
+        "leanbatch.lightning.callback", "lightning", ("lightning", "pytorch_lightning")
+    )
+    value = module.LeanBatchCallback
+    globals()[name] = value
+    return value
